@@ -1,0 +1,1 @@
+"""graphbuilder layer (see DESIGN.md)."""

@@ -1,0 +1,1 @@
+"""CPU backend (Cython kernels). Kernels are added as ``.pyx`` files beside this one."""

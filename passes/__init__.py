@@ -1,0 +1,1 @@
+"""passes layer (see DESIGN.md)."""

@@ -1,0 +1,1 @@
+"""Wire layer: the extended ONNX schema, static verification, codecs and external data."""

@@ -1,0 +1,56 @@
+"""Static verification of extended ONNX models (rules of RULES.md).
+
+``verify(model)`` raises :class:`onnxforge.VerificationError` listing every
+violation (rule ID + object path); ``check(model)`` returns the list instead.
+A model is a :class:`~onnxforge.proto_ext.view.ModelView`, an extended or stock
+``ModelProto``, serialized bytes, or a path. Objects that are not messages
+(the IR's ``Model``) can take part by offering ``verification_view()``.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from onnxforge.errors import VerificationError, Violation
+from onnxforge.proto_ext import schema
+from onnxforge.proto_ext.verify import catalogue_rules as _catalogue_rules  # noqa: F401 (registers)
+from onnxforge.proto_ext.verify import graph_rules as _graph_rules  # noqa: F401 (registers)
+from onnxforge.proto_ext.verify.core import run_checks
+from onnxforge.proto_ext.verify.wire import wire_violations
+from onnxforge.proto_ext.view import ModelView, view_from_proto
+
+__all__ = ["check", "verify", "as_view"]
+
+
+def as_view(model: Any, model_dir: str | None = None) -> tuple[ModelView, list[Violation]]:
+    """The verification view of ``model`` plus violations found while reading the wire."""
+    if isinstance(model, ModelView):
+        return model, []
+    if hasattr(model, "verification_view"):
+        return model.verification_view(), []
+    if isinstance(model, (str, os.PathLike)):
+        path = os.fspath(model)
+        with open(path, "rb") as fh:
+            data = fh.read()
+        model = schema.parse_model(data)
+        model_dir = model_dir or os.path.dirname(os.path.abspath(path))
+    elif isinstance(model, (bytes, bytearray, memoryview)):
+        model = schema.parse_model(model)
+    elif getattr(model, "DESCRIPTOR", None) is not None and model.DESCRIPTOR.full_name == "onnx.ModelProto":
+        model = schema.from_onnx(model)
+    elif getattr(model, "DESCRIPTOR", None) is None or model.DESCRIPTOR.full_name != f"{schema.PACKAGE}.ModelProto":
+        raise TypeError(f"cannot verify an object of type {type(model).__name__}")
+    return view_from_proto(model, model_dir), wire_violations(model)
+
+
+def check(model: Any, model_dir: str | None = None) -> list[Violation]:
+    """Every violation of the static rules, in a stable order (empty list: valid)."""
+    view, wire = as_view(model, model_dir)
+    return wire + run_checks(view)
+
+
+def verify(model: Any, model_dir: str | None = None) -> None:
+    """Raise :class:`VerificationError` if ``model`` breaks any static rule."""
+    violations = check(model, model_dir)
+    if violations:
+        raise VerificationError(violations)

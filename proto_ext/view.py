@@ -1,0 +1,174 @@
+"""The narrow read-only view that static verification works on.
+
+Both an extended ``ModelProto`` (:func:`view_from_proto`) and the IR
+(``graphbuilder``) provide this view, so ``verify`` states every rule once and
+the pass manager can check invariants without serializing anything.
+
+Paths (``GraphView.path``, ``NodeView.path``) are the human-readable object
+paths used in error messages: ``graph``, ``graph.node[3]('attn')``,
+``graph.node[5].attribute['then_branch'].g``, ``functions['pkg::f']``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from onnx import AttributeProto
+
+from onnxforge.proto_ext.convert import encoded_from_proto, struct_from_proto, type_from_proto
+from onnxforge.proto_ext.types import EncodedValue, StructType, Type
+
+__all__ = [
+    "AliasSpec",
+    "ValueSpec",
+    "NodeView",
+    "GraphView",
+    "FunctionView",
+    "ModelView",
+    "view_from_proto",
+]
+
+
+@dataclass(slots=True)
+class AliasSpec:
+    """One ``ValueAliasProto`` of a node: output port ``output_index`` must alias input
+    port ``input_index``; ``kind`` 1 is MUST_ALIAS."""
+
+    output_index: int
+    input_index: int
+    kind: int
+
+
+@dataclass(slots=True)
+class ValueSpec:
+    """A graph input/output/value_info (or a function value_info)."""
+
+    name: str
+    type: Type = None
+    has_type: bool = False
+    access: int = 0
+    alias_of: str = ""
+
+
+@dataclass(slots=True)
+class NodeView:
+    path: str
+    name: str
+    op_type: str
+    domain: str
+    inputs: list[str]
+    outputs: list[str]
+    output_alias: list[AliasSpec] = field(default_factory=list)
+    subgraphs: list[tuple[str, "GraphView"]] = field(default_factory=list)
+    attributes: dict[str, Any] = field(default_factory=dict)  # scalar ints/floats/strings only
+
+
+@dataclass(slots=True)
+class GraphView:
+    path: str
+    name: str
+    is_main: bool
+    inputs: list[ValueSpec]
+    outputs: list[ValueSpec]
+    value_infos: list[ValueSpec]
+    initializers: list[str]
+    sparse_initializers: list[str]
+    encoded: list[EncodedValue]
+    nodes: list[NodeView]
+    bindings: list[tuple[str, str]] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class FunctionView:
+    path: str
+    domain: str
+    name: str
+    overload: str
+    inputs: list[str]
+    outputs: list[str]
+    value_infos: list[ValueSpec]
+    nodes: list[NodeView]
+
+
+@dataclass(slots=True)
+class ModelView:
+    struct_types: list[StructType]
+    graph: GraphView
+    functions: list[FunctionView] = field(default_factory=list)
+    model_dir: str | None = None
+    opsets: dict[str, int] = field(default_factory=dict)
+
+
+def _value_spec(vi: Any) -> ValueSpec:
+    has = vi.HasField("type")
+    return ValueSpec(vi.name, type_from_proto(vi.type) if has else None, has, vi.access, vi.alias_of)
+
+
+def _node_view(node: Any, path: str) -> NodeView:
+    label = f"{path}({node.name!r})" if node.name else path
+    nv = NodeView(
+        path=label,
+        name=node.name,
+        op_type=node.op_type,
+        domain=node.domain,
+        inputs=list(node.input),
+        outputs=list(node.output),
+        output_alias=[AliasSpec(a.output_index, a.input_index, a.kind) for a in node.output_alias],
+    )
+    for attr in node.attribute:
+        if attr.type == AttributeProto.GRAPH:
+            nv.subgraphs.append(
+                (attr.name, _graph_view(attr.g, f"{label}.attribute[{attr.name!r}].g", False)))
+        elif attr.type == AttributeProto.GRAPHS:
+            for i, g in enumerate(attr.graphs):
+                nv.subgraphs.append(
+                    (attr.name, _graph_view(g, f"{label}.attribute[{attr.name!r}].graphs[{i}]", False)))
+        elif attr.type == AttributeProto.INT:
+            nv.attributes[attr.name] = attr.i
+        elif attr.type == AttributeProto.FLOAT:
+            nv.attributes[attr.name] = attr.f
+        elif attr.type == AttributeProto.STRING:
+            nv.attributes[attr.name] = attr.s
+        elif attr.type == AttributeProto.INTS:
+            nv.attributes[attr.name] = tuple(attr.ints)
+    return nv
+
+
+def _graph_view(g: Any, path: str, is_main: bool) -> GraphView:
+    return GraphView(
+        path=path,
+        name=g.name,
+        is_main=is_main,
+        inputs=[_value_spec(v) for v in g.input],
+        outputs=[_value_spec(v) for v in g.output],
+        value_infos=[_value_spec(v) for v in g.value_info],
+        initializers=[t.name for t in g.initializer],
+        sparse_initializers=[s.values.name for s in g.sparse_initializer],
+        encoded=[encoded_from_proto(e) for e in g.encoded_initializer],
+        nodes=[_node_view(n, f"{path}.node[{i}]") for i, n in enumerate(g.node)],
+        bindings=[(b.input_name, b.output_name) for b in g.persistent_bindings],
+    )
+
+
+def view_from_proto(model: Any, model_dir: str | None = None) -> ModelView:
+    """Build the verification view of an extended ``ModelProto`` message."""
+    functions = []
+    for f in model.functions:
+        fpath = f"functions[{f.domain + '::' + f.name!r}]"
+        functions.append(FunctionView(
+            path=fpath,
+            domain=f.domain,
+            name=f.name,
+            overload=f.overload,
+            inputs=list(f.input),
+            outputs=list(f.output),
+            value_infos=[_value_spec(v) for v in f.value_info],
+            nodes=[_node_view(n, f"{fpath}.node[{i}]") for i, n in enumerate(f.node)],
+        ))
+    return ModelView(
+        struct_types=[struct_from_proto(s) for s in model.struct_types],
+        graph=_graph_view(model.graph, "graph", True),
+        functions=functions,
+        model_dir=model_dir,
+        opsets={o.domain: o.version for o in model.opset_import},
+    )
