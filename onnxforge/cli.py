@@ -1,19 +1,128 @@
-"""Command line: ``onnxforge inspect | verify | ...``."""
+"""onnxforge command line.
+
+    onnxforge inspect MODEL [--json]     opsets, ops, inputs/outputs, catalogue, encoded values,
+                                         bindings and aliases
+    onnxforge verify MODEL [--json]      static rules of RULES.md; exit 1 on any violation
+    onnxforge demo [-o DIR]              build the built-in stateful decoder and run the toolchain on it
+
+MODEL may be ``builtin:decoder`` to use the decoder the package builds itself.
+"""
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
+from typing import Any
+
+from onnxforge.errors import OnnxforgeError
+
+__all__ = ["main", "build_parser"]
+
+
+def _read_model(source: str) -> tuple[Any, str | None]:
+    """Extended ModelProto message and its folder (for external data)."""
+    from onnxforge.proto_ext import schema
+
+    if source.startswith("builtin:"):
+        from onnxforge.samples import builtin_model
+
+        return schema.from_onnx(builtin_model(source.split(":", 1)[1])), None
+    if not os.path.exists(source):
+        raise OnnxforgeError(f"no such model file: {source}")
+    with open(source, "rb") as fh:
+        data = fh.read()
+    return schema.parse_model(data), os.path.dirname(os.path.abspath(source))
+
+
+def _initializer_bytes(model: Any) -> dict[str, int]:
+    out: dict[str, int] = {}
+    g = model.graph
+    for t in g.initializer:
+        length = None
+        for e in t.external_data:
+            if e.key == "length" and e.value.isdigit():
+                length = int(e.value)
+        if length is None:
+            from onnxforge.report import tensor_bytes
+
+            length = len(t.raw_data) if t.HasField("raw_data") else tensor_bytes(t.data_type, tuple(t.dims))
+        out[t.name] = length
+    for e in g.encoded_initializer:
+        length = len(e.raw_data)
+        for kv in e.external_data:
+            if kv.key == "length" and kv.value.isdigit():
+                length = int(kv.value)
+        out[e.name] = length
+    return out
+
+
+def _cmd_inspect(args: argparse.Namespace) -> int:
+    from onnxforge.proto_ext.view import view_from_proto
+    from onnxforge.report import render_text, summarize
+
+    model, folder = _read_model(args.model)
+    summary = summarize(view_from_proto(model, folder), _initializer_bytes(model))
+    print(json.dumps(summary, indent=2) if args.json else render_text(summary))
+    return 0
+
+
+def _cmd_verify(args: argparse.Namespace) -> int:
+    from onnxforge.proto_ext.verify import check
+
+    model, folder = _read_model(args.model)
+    violations = check(model, folder)
+    if args.json:
+        print(json.dumps([{"rule": v.rule, "path": v.path, "message": v.message} for v in violations],
+                         indent=2))
+    else:
+        for v in violations:
+            print(str(v))
+        if not violations:
+            print(f"{args.model}: OK")
+        else:
+            print(f"{args.model}: {len(violations)} violation(s)", file=sys.stderr)
+    return 1 if violations else 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from onnxforge.samples import run_demo
+
+    return run_demo(args.output)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="onnxforge", description=__doc__)
-    p.add_subparsers(dest="command", required=True)
+    p = argparse.ArgumentParser(
+        prog="onnxforge",
+        description="Graph-rewriting toolkit for stateful ONNX models.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__,
+    )
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    insp = sub.add_parser("inspect", help="summarize a model")
+    insp.add_argument("model", help="model path or builtin:decoder")
+    insp.add_argument("--json", action="store_true", help="print JSON instead of text")
+    insp.set_defaults(func=_cmd_inspect)
+
+    ver = sub.add_parser("verify", help="check the static rules (exit 1 on violations)")
+    ver.add_argument("model", help="model path or builtin:decoder")
+    ver.add_argument("--json", action="store_true", help="print violations as JSON")
+    ver.set_defaults(func=_cmd_verify)
+
+    demo = sub.add_parser("demo", help="build the built-in stateful decoder and run the toolchain")
+    demo.add_argument("-o", "--output", default="onnxforge-demo", help="output folder")
+    demo.set_defaults(func=_cmd_demo)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return 0
+    try:
+        return args.func(args)
+    except OnnxforgeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

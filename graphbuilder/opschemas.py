@@ -1,0 +1,128 @@
+"""Operator schemas: lookup in onnx's registry, the ``ai.onnxforge`` domain, and node checks.
+
+``ai.onnxforge`` version 1 operators are registered in onnx's schema registry at
+import time, so GraphBuilder, the verifier and ``onnx.checker`` check them like
+standard operators.
+
+``check_node`` validates a node against the schema of its declared opset: the
+operator exists, the input/output counts are in range, attributes exist, have
+the declared type, and required ones are present. Domains without schemas in
+this process (``com.microsoft``...) are accepted unchecked when the model
+declares them.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import onnx.defs as defs
+
+from onnxforge.errors import OnnxforgeError
+
+__all__ = [
+    "ONNXFORGE_DOMAIN",
+    "ONNXFORGE_VERSION",
+    "SchemaCheckError",
+    "get_schema",
+    "check_node",
+    "CHECKED_DOMAINS",
+]
+
+ONNXFORGE_DOMAIN = "ai.onnxforge"
+ONNXFORGE_VERSION = 1
+CHECKED_DOMAINS = frozenset({"", "ai.onnx", "ai.onnx.ml", ONNXFORGE_DOMAIN})
+
+
+class SchemaCheckError(OnnxforgeError, ValueError):
+    """A node does not match its operator schema (unknown op, arity, attribute)."""
+
+
+def _param(name: str, type_str: str, doc: str, option=None) -> defs.OpSchema.FormalParameter:
+    kwargs: dict[str, Any] = {}
+    if option is not None:
+        kwargs["param_option"] = option
+    return defs.OpSchema.FormalParameter(name, type_str, doc, **kwargs)
+
+
+def _register() -> None:
+    try:
+        defs.get_schema("CacheUpdate", ONNXFORGE_VERSION, ONNXFORGE_DOMAIN)
+        return
+    except defs.SchemaError:
+        pass
+    cache_update = defs.OpSchema(
+        "CacheUpdate",
+        ONNXFORGE_DOMAIN,
+        ONNXFORGE_VERSION,
+        "Writes `values` into `cache` at [position, position + n) along `axis`, in place. "
+        "Output 0 must alias input 0 (output_alias {0, 0, MUST_ALIAS}); position + n > capacity "
+        "is an error.",
+        inputs=[
+            _param("cache", "T", "capacity-sized cache [..., capacity, D], bound READ_WRITE"),
+            _param("values", "T", "new entries [..., n, D]"),
+            _param("position", "tensor(int64)", "write offset: scalar or [batch]"),
+        ],
+        outputs=[_param("updated_cache", "T", "the same storage as `cache`")],
+        type_constraints=[(
+            "T",
+            ["tensor(float)", "tensor(float16)", "tensor(bfloat16)", "tensor(int8)", "tensor(uint8)"],
+            "cache element types",
+        )],
+        attributes=[
+            defs.OpSchema.Attribute("axis", defs.OpSchema.AttrType.INT,
+                                    "sequence axis of the cache (default -2)", required=False),
+        ],
+    )
+    defs.register_schema(cache_update)
+
+
+_register()
+
+
+def get_schema(op_type: str, version: int, domain: str) -> defs.OpSchema | None:
+    """The schema in force for ``op_type`` at opset ``version`` of ``domain``, or None."""
+    try:
+        return defs.get_schema(op_type, version, "" if domain == "ai.onnx" else domain)
+    except defs.SchemaError:
+        return None
+
+
+_ATTR_NAMES = {int(v): k for k, v in defs.OpSchema.AttrType.__members__.items()}
+
+
+def check_node(op_type: str, domain: str, n_inputs: int, n_outputs: int,
+               attributes: dict[str, int], opsets: dict[str, int], where: str) -> defs.OpSchema | None:
+    """Validate a node; ``attributes`` maps names to AttributeProto type codes.
+
+    Returns the schema (None for an unchecked custom domain). Raises
+    :class:`SchemaCheckError` naming ``where`` and the problem.
+    """
+    key = "" if domain == "ai.onnx" else domain
+    if key not in opsets and not (key == "" and "ai.onnx" in opsets):
+        raise SchemaCheckError(f"{where}: domain {domain or 'ai.onnx'!r} of {op_type} is not among "
+                               f"the model's opset imports {sorted(opsets)}")
+    version = opsets.get(key, opsets.get("ai.onnx", 0))
+    if key not in CHECKED_DOMAINS:
+        return None
+    schema = get_schema(op_type, version, key)
+    if schema is None:
+        raise SchemaCheckError(f"{where}: unknown operator {domain + '::' if domain else ''}{op_type} "
+                               f"at opset {version}")
+    if not schema.min_input <= n_inputs <= schema.max_input:
+        raise SchemaCheckError(f"{where}: {op_type}-{schema.since_version} takes {schema.min_input}"
+                               f"..{schema.max_input} inputs, got {n_inputs}")
+    if not schema.min_output <= n_outputs <= schema.max_output:
+        raise SchemaCheckError(f"{where}: {op_type}-{schema.since_version} has {schema.min_output}"
+                               f"..{schema.max_output} outputs, got {n_outputs}")
+    for name, code in attributes.items():
+        spec = schema.attributes.get(name)
+        if spec is None:
+            raise SchemaCheckError(f"{where}: {op_type}-{schema.since_version} has no attribute "
+                                   f"{name!r} (known: {sorted(schema.attributes)})")
+        if int(spec.type) != code:
+            raise SchemaCheckError(
+                f"{where}: attribute {name!r} of {op_type} must be {_ATTR_NAMES.get(int(spec.type))}, "
+                f"got {_ATTR_NAMES.get(code, code)}")
+    for name, spec in schema.attributes.items():
+        if spec.required and name not in attributes:
+            raise SchemaCheckError(f"{where}: {op_type}-{schema.since_version} requires attribute {name!r}")
+    return schema

@@ -1,0 +1,208 @@
+"""Tensor payloads held by the IR: dense tensors and encoded values, lazily read.
+
+A :class:`Tensor` knows its element type and dims without reading bytes. Its
+payload is one of: a read-only buffer (inline bytes or a memory-mapped range of
+a file), a numpy array given by the author, or a serialized ``TensorProto`` for
+the rare tensors stored in typed fields (``float_data``...). ``numpy()`` gives a
+read-only, zero-copy view whenever the bytes are raw.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+from onnx import TensorProto
+
+from onnxforge.errors import CodecError
+from onnxforge.proto_ext.external import ExternalRef
+from onnxforge.proto_ext.types import BITS, EncodedValue
+
+__all__ = ["Tensor", "EncodedTensor", "np_dtype", "onnx_dtype"]
+
+_NP: dict[int, Any] = {
+    TensorProto.FLOAT: np.float32, TensorProto.DOUBLE: np.float64, TensorProto.FLOAT16: np.float16,
+    TensorProto.INT8: np.int8, TensorProto.UINT8: np.uint8, TensorProto.INT16: np.int16,
+    TensorProto.UINT16: np.uint16, TensorProto.INT32: np.int32, TensorProto.UINT32: np.uint32,
+    TensorProto.INT64: np.int64, TensorProto.UINT64: np.uint64, TensorProto.BOOL: np.bool_,
+    TensorProto.COMPLEX64: np.complex64, TensorProto.COMPLEX128: np.complex128,
+}
+
+
+def _ml_dtypes() -> dict[int, Any]:
+    import ml_dtypes as md
+
+    out = {TensorProto.BFLOAT16: md.bfloat16, TensorProto.FLOAT8E4M3FN: md.float8_e4m3fn,
+           TensorProto.FLOAT8E4M3FNUZ: md.float8_e4m3fnuz, TensorProto.FLOAT8E5M2: md.float8_e5m2,
+           TensorProto.FLOAT8E5M2FNUZ: md.float8_e5m2fnuz, TensorProto.INT4: md.int4,
+           TensorProto.UINT4: md.uint4}
+    for code, name in ((TensorProto.INT2, "int2"), (TensorProto.UINT2, "uint2"),
+                       (TensorProto.FLOAT4E2M1, "float4_e2m1fn"),
+                       (TensorProto.FLOAT8E8M0, "float8_e8m0fnu")):
+        if hasattr(md, name):
+            out[code] = getattr(md, name)
+    return out
+
+
+_NP.update(_ml_dtypes())
+_ONNX = {np.dtype(v): k for k, v in _NP.items()}
+
+
+def np_dtype(code: int) -> np.dtype:
+    """numpy dtype of a TensorProto element type (ml_dtypes for the low-bit ones)."""
+    try:
+        return np.dtype(_NP[code])
+    except KeyError:
+        raise CodecError(f"no numpy dtype for TensorProto element type {code}") from None
+
+
+def onnx_dtype(dtype: Any) -> int:
+    """TensorProto element type of a numpy dtype."""
+    try:
+        return _ONNX[np.dtype(dtype)]
+    except KeyError:
+        raise CodecError(f"no TensorProto element type for numpy dtype {np.dtype(dtype)}") from None
+
+
+class Tensor:
+    """A dense tensor value (initializer, Constant attribute, struct constant).
+
+    Exactly one payload source is set: ``raw`` (bytes-like, row-major and packed
+    like ``TensorProto.raw_data``), ``array`` or ``proto`` (serialized TensorProto
+    using typed fields). ``external`` records where ``raw`` came from, so saving
+    can keep the data external.
+    """
+
+    __slots__ = ("dtype", "dims", "name", "doc_string", "raw", "array", "proto", "external",
+                 "metadata", "extra")
+
+    def __init__(self, dtype: int, dims: tuple[int, ...], *, name: str = "", raw: Any = None,
+                 array: np.ndarray | None = None, proto: bytes | None = None,
+                 external: ExternalRef | None = None, doc_string: str = "",
+                 metadata: dict[str, str] | None = None, extra: bytes = b""):
+        self.dtype = dtype
+        self.dims = tuple(dims)
+        self.name = name
+        self.doc_string = doc_string
+        self.raw = raw
+        self.array = array
+        self.proto = proto
+        self.external = external
+        self.metadata = metadata or {}
+        self.extra = extra
+
+    @classmethod
+    def from_numpy(cls, array: np.ndarray, name: str = "") -> "Tensor":
+        arr = np.asarray(array)
+        return cls(onnx_dtype(arr.dtype), arr.shape, name=name, array=arr)
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.dims)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the packed row-major payload (without reading it)."""
+        if self.raw is not None:
+            return len(self.raw)
+        bits = BITS.get(self.dtype)
+        if bits is None:
+            return 0 if self.array is None else int(self.array.nbytes)
+        return math.ceil(self.size * bits / 8)
+
+    def numpy(self) -> np.ndarray:
+        """The value as a numpy array; read-only and zero-copy for raw payloads."""
+        if self.array is not None:
+            return self.array
+        if self.raw is not None:
+            bits = BITS.get(self.dtype)
+            if bits is not None and bits < 8:
+                from onnxforge.proto_ext.codecs.bits import unpack_codes
+
+                signed = self.dtype in (TensorProto.INT4, TensorProto.INT2)
+                codes = unpack_codes(self.raw, bits, self.size, signed)
+                return codes.view(np_dtype(self.dtype)).reshape(self.dims)
+            arr = np.frombuffer(self.raw, dtype=np_dtype(self.dtype)).reshape(self.dims)
+            if arr.flags.writeable:
+                arr = arr.view()
+                arr.flags.writeable = False
+            return arr
+        if self.proto is not None:
+            import onnx
+            from onnx import numpy_helper
+
+            t = onnx.TensorProto()
+            t.ParseFromString(self.proto)
+            return numpy_helper.to_array(t)
+        raise CodecError(f"tensor {self.name!r} has no payload")
+
+    def tobytes(self) -> bytes | memoryview:
+        """Packed raw bytes (TensorProto.raw_data layout); zero-copy when already raw."""
+        if self.raw is not None:
+            return self.raw
+        if self.dtype == TensorProto.STRING:
+            raise CodecError(f"string tensor {self.name!r} has no raw byte form")
+        arr = self.numpy()
+        bits = BITS.get(self.dtype)
+        if bits is not None and bits < 8:
+            from onnxforge.proto_ext.codecs.bits import pack_codes
+
+            return pack_codes(arr.astype(np.int8 if arr.dtype.kind != "u" else np.uint8)
+                              if arr.dtype.kind in "iu" else arr.view(np.uint8), bits)
+        return np.ascontiguousarray(arr).tobytes()
+
+    def content_key(self) -> tuple:
+        """Key for deduplication: dtype, dims and the payload bytes."""
+        data = self.tobytes() if self.dtype != TensorProto.STRING else repr(self.numpy().tolist()).encode()
+        return (self.dtype, self.dims, bytes(data))
+
+    def __repr__(self) -> str:
+        return f"Tensor({self.name!r}, dtype={self.dtype}, dims={self.dims})"
+
+
+class EncodedTensor:
+    """An encoded initializer: header record plus payload (inline or mapped).
+
+    ``header`` is the :class:`~onnxforge.proto_ext.types.EncodedValue` record; its
+    ``raw_data`` is the payload handle (a memoryview into a mapped file for
+    external or large inline payloads). Decoding is explicit: loading never runs
+    codec code.
+    """
+
+    __slots__ = ("header", "external")
+
+    def __init__(self, header: EncodedValue, external: ExternalRef | None = None):
+        self.header = header
+        self.external = external
+
+    @property
+    def name(self) -> str:
+        return self.header.name
+
+    @name.setter
+    def name(self, value: str) -> None:
+        self.header.name = value
+
+    @property
+    def payload(self) -> Any:
+        return self.header.raw_data
+
+    @property
+    def nbytes(self) -> int:
+        if self.external is not None and self.external.length is not None and not len(self.header.raw_data):
+            return self.external.length
+        return len(self.header.raw_data)
+
+    def content_key(self) -> tuple:
+        """Dedup key: equal bytes with a different layout or logical type differ."""
+        from onnxforge.proto_ext.convert import encoded_to_proto
+
+        h = self.header
+        layout = encoded_to_proto(EncodedValue(name="", affine=h.affine, struct_type=h.struct_type,
+                                               logical_type=h.logical_type,
+                                               has_logical_type=h.has_logical_type),
+                                  with_payload=False).SerializeToString()
+        return (layout, bytes(self.payload))
+
+    def __repr__(self) -> str:
+        return f"EncodedTensor({self.name!r}, {self.nbytes} bytes)"

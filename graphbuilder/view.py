@@ -1,0 +1,109 @@
+"""The IR's verification view (``proto_ext.view.ModelView``), built without serializing.
+
+Only names, types, alias annotations and encoded-value headers are read; payloads
+are referenced, never copied.
+"""
+from __future__ import annotations
+
+from onnxforge.graphbuilder.ir import AttrType, Function, Graph, Model, Node, Value
+from onnxforge.graphbuilder.tensors import EncodedTensor
+from onnxforge.proto_ext.types import StructType, TensorType, Type
+from onnxforge.proto_ext.view import AliasSpec, FunctionView, GraphView, ModelView, NodeView, ValueSpec
+
+__all__ = ["model_view", "plain_type"]
+
+
+def plain_type(t: Type) -> Type:
+    """A type record whose dims are int / str / None only (symbolic expressions as text)."""
+    if isinstance(t, TensorType) and t.shape is not None:
+        if any(not (d is None or isinstance(d, (int, str))) for d in t.shape):
+            return TensorType(t.elem_type, tuple(d if d is None or isinstance(d, (int, str)) else str(d)
+                                                 for d in t.shape), t.denotation, t.dim_denotations)
+    return t
+
+
+def _alias_name(v: Value) -> str:
+    a = v.alias_of
+    if a is None:
+        return ""
+    return a.name if isinstance(a, Value) else str(a)
+
+
+def _spec(v: Value) -> ValueSpec:
+    return ValueSpec(v.name, plain_type(v.type), v.type is not None, v.access, _alias_name(v))
+
+
+def _node(n: Node, path: str) -> NodeView:
+    label = f"{path}({n.name!r})" if n.name else path
+    nv = NodeView(
+        path=label, name=n.name, op_type=n.op_type, domain=n.domain,
+        inputs=["" if v is None else v.name for v in n.inputs],
+        outputs=[v.name for v in n.outputs],
+        output_alias=[AliasSpec(a.output_index, a.input_index, a.kind) for a in n.output_alias],
+    )
+    for a in n.attributes.values():
+        if a.type == AttrType.GRAPH and a.value is not None:
+            nv.subgraphs.append((a.name, _graph(a.value, f"{label}.attribute[{a.name!r}].g", False)))
+        elif a.type == AttrType.GRAPHS:
+            for k, g in enumerate(a.value or []):
+                nv.subgraphs.append((a.name, _graph(g, f"{label}.attribute[{a.name!r}].graphs[{k}]", False)))
+        elif a.type in (AttrType.INT, AttrType.FLOAT, AttrType.STRING, AttrType.INTS):
+            nv.attributes[a.name] = tuple(a.value) if a.type == AttrType.INTS else a.value
+    return nv
+
+
+def _value_infos(container: Graph | Function) -> list[ValueSpec]:
+    out = []
+    boundary = {id(v) for v in container.inputs} | {id(v) for v in container.outputs}
+    for n in container:
+        for v in n.outputs:
+            if id(v) not in boundary and (v.has_value_info or v.type is not None or v.alias_of is not None):
+                out.append(_spec(v))
+    if isinstance(container, Graph):
+        for v in container.all_initializers():
+            if id(v) not in boundary and v.has_value_info:
+                out.append(_spec(v))
+    else:
+        for v in container.inputs:
+            if v.access or v.alias_of is not None:
+                out.append(_spec(v))
+    return out
+
+
+def _graph(g: Graph, path: str, is_main: bool) -> GraphView:
+    return GraphView(
+        path=path,
+        name=g.name,
+        is_main=is_main,
+        inputs=[_spec(v) for v in g.inputs],
+        outputs=[_spec(v) for v in g.outputs],
+        value_infos=_value_infos(g),
+        initializers=list(g.initializers),
+        sparse_initializers=list(g.sparse_initializers),
+        encoded=[v.const.header for v in g.encoded_initializers.values()
+                 if isinstance(v.const, EncodedTensor)],
+        nodes=[_node(n, f"{path}.node[{i}]") for i, n in enumerate(g)],
+        bindings=[(i.name, o.name) for i, o in g.bindings],
+    )
+
+
+def _function(f: Function) -> FunctionView:
+    path = f.path()
+    return FunctionView(
+        path=path, domain=f.domain, name=f.name, overload=f.overload,
+        inputs=[v.name for v in f.inputs], outputs=[v.name for v in f.outputs],
+        value_infos=_value_infos(f),
+        nodes=[_node(n, f"{path}.node[{i}]") for i, n in enumerate(f)],
+    )
+
+
+def model_view(model: Model) -> ModelView:
+    """Verification view of an IR model."""
+    cat: list[StructType] = list(model.struct_types)
+    return ModelView(
+        struct_types=cat,
+        graph=_graph(model.graph, "graph", True),
+        functions=[_function(f) for f in model.functions.values()],
+        model_dir=model.model_dir,
+        opsets=dict(model.opset_imports),
+    )
