@@ -1,0 +1,643 @@
+"""Wire-level scanning of serialized ModelProtos: hold large inline payloads without copies.
+
+Protobuf's Python parser copies every inline ``raw_data`` when it parses a message
+(and again on each attribute access), also when parsing from a memory map. This
+module avoids that for the payloads that matter:
+
+* :func:`strip_payloads` walks the protobuf wire format of a serialized
+  ``ModelProto`` (for example a read-only ``mmap`` of a ``.onnx`` file) and
+  removes the ``raw_data`` fields of the main graph's initializers. It returns a
+  small *skeleton* (a valid serialized ModelProto without those fields, with
+  every enclosing length prefix re-encoded) and one :class:`PayloadRef` per
+  removed payload, recording its byte range in the input. Payload bytes are never
+  copied: the skeleton is assembled from memoryview slices of the non-payload
+  bytes only.
+* :func:`payload_views` turns those references into read-only memoryviews of the
+  input (zero copy).
+* :func:`write_model` streams a complete ModelProto to a binary file: the skeleton
+  with given payloads re-inserted as ``raw_data`` where protobuf's own serializer
+  places that field. Payloads are handed to ``fh.write`` as they are and never
+  concatenated with other bytes.
+
+Scope. Only two paths are rewritten:
+
+* ``ModelProto.graph`` (7) -> ``GraphProto.initializer`` (5) ->
+  ``TensorProto.raw_data`` (9), kind ``"initializer"``;
+* ``ModelProto.graph`` (7) -> ``GraphProto.encoded_initializer`` (1000) ->
+  ``EncodedValueProto.raw_data`` (4), kind ``"encoded"``.
+
+Initializers of subgraphs (graph attributes of nodes), of functions, sparse
+initializers and ``Constant`` node values stay inline in the skeleton. Nodes and
+every other field are copied as opaque byte ranges without being descended into,
+which also means they are not validated here: protobuf validates them when the
+skeleton is parsed. The levels that are scanned (the model, the main graph, and
+every main-graph initializer large enough to hold a payload of ``min_size``
+bytes) are validated: a truncated varint or field, a length beyond the enclosing
+message, a field number 0 and the group wire types 3 and 4 raise
+:class:`~onnxforge.errors.WireError`.
+
+Round trip. Fields keep their order, so parsing the skeleton and setting each
+stripped ``raw_data`` back gives exactly the message parsed from the input. When
+the input was written by protobuf's serializer (fields in number order, minimal
+varints), ``write_model(fh, stripped.skeleton, payload_views(data, stripped))``
+reproduces it byte for byte.
+
+Keeping views. A memoryview into an ``mmap`` pins the mapping: release the views
+(``view.release()`` or dropping every reference) before closing the map.
+"""
+from __future__ import annotations
+
+import mmap
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import IO, Final, Literal, Union
+
+from onnxforge.errors import WireError
+
+__all__ = [
+    "KIND_ENCODED",
+    "KIND_INITIALIZER",
+    "PayloadKind",
+    "PayloadRef",
+    "StrippedModel",
+    "payload_views",
+    "strip_payloads",
+    "write_model",
+]
+
+PayloadKind = Literal["initializer", "encoded"]
+KIND_INITIALIZER: Final = "initializer"
+KIND_ENCODED: Final = "encoded"
+
+BytesLike = Union[bytes, bytearray, memoryview, mmap.mmap]
+
+# Field numbers on the scanned path (ONNX and DESIGN.md's fixed extension numbers).
+_MODEL_GRAPH: Final = 7
+_GRAPH_INITIALIZER: Final = 5
+_GRAPH_ENCODED_INITIALIZER: Final = 1000
+_TENSOR_RAW_DATA: Final = 9
+_ENCODED_RAW_DATA: Final = 4
+
+# Wire types.
+_VARINT, _I64, _LEN, _SGROUP, _EGROUP, _I32 = 0, 1, 2, 3, 4, 5
+_MAX_FIELD: Final = (1 << 29) - 1
+
+# Graph-level keys (field << 3 | LEN) of the two descended repeated fields.
+_KEY_INITIALIZER: Final = (_GRAPH_INITIALIZER << 3) | _LEN
+_KEY_ENCODED: Final = (_GRAPH_ENCODED_INITIALIZER << 3) | _LEN
+_KEY_GRAPH: Final = (_MODEL_GRAPH << 3) | _LEN
+# kind -> (graph-level key, raw_data field number inside the value message)
+_KINDS: Final[dict[str, tuple[int, int]]] = {
+    KIND_INITIALIZER: (_KEY_INITIALIZER, _TENSOR_RAW_DATA),
+    KIND_ENCODED: (_KEY_ENCODED, _ENCODED_RAW_DATA),
+}
+_KIND_OF_KEY: Final[dict[int, str]] = {
+    _KEY_INITIALIZER: KIND_INITIALIZER,
+    _KEY_ENCODED: KIND_ENCODED,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class PayloadRef:
+    """One payload removed by :func:`strip_payloads`.
+
+    ``kind`` is ``"initializer"`` (``GraphProto.initializer[index].raw_data``) or
+    ``"encoded"`` (``GraphProto.encoded_initializer[index].raw_data``) of the main
+    graph; ``offset`` and ``length`` give the payload's byte range in the scanned
+    input."""
+
+    kind: PayloadKind
+    index: int
+    offset: int
+    length: int
+
+    @property
+    def key(self) -> tuple[str, int]:
+        """``(kind, index)``, the key used by :func:`payload_views` and :func:`write_model`."""
+        return (self.kind, self.index)
+
+
+@dataclass(frozen=True, slots=True)
+class StrippedModel:
+    """A serialized ModelProto without its large main-graph payloads.
+
+    ``skeleton`` is a valid serialized ModelProto (the removed ``raw_data`` fields
+    are absent); ``payloads`` lists the removed payloads in input order."""
+
+    skeleton: bytes
+    payloads: list[PayloadRef]
+
+    @property
+    def payload_bytes(self) -> int:
+        """Total size of the removed payloads."""
+        return sum(p.length for p in self.payloads)
+
+
+# --------------------------------------------------------------------------- varints
+
+
+def _varint(buf: memoryview, pos: int, end: int) -> tuple[int, int]:
+    """Decode the varint at ``pos`` (bounded by ``end``); return (value, next position)."""
+    result = 0
+    shift = 0
+    start = pos
+    while True:
+        if pos >= end:
+            raise WireError(f"truncated varint at byte {start}")
+        b = buf[pos]
+        pos += 1
+        result |= (b & 0x7F) << shift
+        if b < 0x80:
+            return result, pos
+        shift += 7
+        if shift >= 70:
+            raise WireError(f"varint longer than 10 bytes at byte {start}")
+
+
+def _encode_varint(value: int) -> bytes:
+    """Minimal varint encoding of a non-negative integer."""
+    if value < 0x80:
+        return bytes((value,))
+    out = bytearray()
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+_Piece = Union[tuple[int, int], bytes]
+"""A piece of output: a byte range ``(start, end)`` of the scanned buffer, or new bytes."""
+
+
+def _join(buf: memoryview, pieces: list[_Piece]) -> bytes:
+    """Concatenate pieces; ranges become memoryview slices only for the join itself."""
+    parts = [p if isinstance(p, bytes) else buf[p[0]:p[1]] for p in pieces]
+    try:
+        return b"".join(parts)
+    finally:
+        for part in parts:
+            if isinstance(part, memoryview):
+                part.release()
+
+
+def _skip(buf: memoryview, key: int, kstart: int, pos: int, end: int) -> int:
+    """Skip the value of a field whose key (starting at ``kstart``) ended at ``pos``.
+
+    Return the position after the value (for LEN fields the caller handles the
+    length itself; this serves the other wire types)."""
+    wt = key & 7
+    if key >> 3 == 0:
+        raise WireError(f"field number 0 at byte {kstart}")
+    if key >> 3 > _MAX_FIELD:
+        raise WireError(f"field number {key >> 3} out of range at byte {kstart}")
+    if wt == _VARINT:
+        return _varint(buf, pos, end)[1]
+    if wt == _I64:
+        pos += 8
+    elif wt == _I32:
+        pos += 4
+    elif wt == _SGROUP or wt == _EGROUP:
+        raise WireError(f"group wire type {wt} (field {key >> 3}) at byte {kstart} "
+                        "is not supported")
+    else:
+        raise WireError(f"invalid wire type {wt} (field {key >> 3}) at byte {kstart}")
+    if pos > end:
+        raise WireError(f"truncated fixed-width field {key >> 3} at byte {kstart}")
+    return pos
+
+
+def _fields(buf: memoryview, start: int, end: int) -> list[tuple[int, int, int, int]]:
+    """All fields of the message in ``[start, end)`` as (key, key start, value start, value end).
+
+    For LEN fields the value start is after the length prefix; for the others it is
+    the position right after the key."""
+    out: list[tuple[int, int, int, int]] = []
+    pos = start
+    while pos < end:
+        kstart = pos
+        b = buf[pos]
+        if b < 0x80:
+            key = b
+            pos += 1
+        else:
+            key, pos = _varint(buf, pos, end)
+        if key & 7 == _LEN:
+            if key < 8:
+                raise WireError(f"field number 0 at byte {kstart}")
+            n, pos = _varint(buf, pos, end)
+            vend = pos + n
+            if vend > end:
+                raise WireError(f"field {key >> 3} at byte {kstart}: length {n} runs past the end "
+                                f"of its message (byte {end})")
+            out.append((key, kstart, pos, vend))
+            pos = vend
+        else:
+            vend = _skip(buf, key, kstart, pos, end)
+            out.append((key, kstart, pos, vend))
+            pos = vend
+    return out
+
+
+# --------------------------------------------------------------------------- scanning
+
+
+def _strip_value(buf: memoryview, start: int, end: int, raw_field: int, min_size: int
+                 ) -> tuple[list[tuple[int, int]], int, int] | None:
+    """Find the payload of a TensorProto / EncodedValueProto in ``[start, end)``.
+
+    Return (byte ranges of every raw_data field to remove, payload offset, payload
+    length), or None when nothing qualifies. Protobuf keeps the last occurrence of
+    a scalar field that appears more than once, so the last one is the payload and
+    earlier ones are removed with it."""
+    raw_key = (raw_field << 3) | _LEN
+    occurrences: list[tuple[int, int, int]] = []
+    pos = start
+    while pos < end:
+        kstart = pos
+        key = buf[pos]
+        pos += 1
+        if key >= 0x80:
+            key, pos = _varint(buf, kstart, end)
+        if key & 7 == _LEN and key >= 8:
+            # length prefix: one- and two-byte varints inline
+            if pos < end and buf[pos] < 0x80:
+                n = buf[pos]
+                pos += 1
+            elif pos + 1 < end and buf[pos + 1] < 0x80:
+                n = (buf[pos] & 0x7F) | (buf[pos + 1] << 7)
+                pos += 2
+            else:
+                n, pos = _varint(buf, pos, end)
+            vend = pos + n
+            if vend > end:
+                raise WireError(f"field {key >> 3} at byte {kstart}: length {n} runs past the "
+                                f"end of its message (byte {end})")
+            if key == raw_key:
+                occurrences.append((kstart, pos, vend))
+            pos = vend
+        elif key & 7 == _VARINT and key >= 8 and pos < end and buf[pos] < 0x80:
+            pos += 1
+        else:
+            pos = _skip(buf, key, kstart, pos, end)
+    if not occurrences:
+        return None
+    _, vstart, vend = occurrences[-1]
+    if vend - vstart < min_size:
+        return None
+    return [(k, e) for k, _, e in occurrences], vstart, vend - vstart
+
+
+def _strip_graph(buf: memoryview, start: int, end: int, min_size: int,
+                 counters: dict[str, int], refs: list[PayloadRef]
+                 ) -> tuple[list[_Piece], int] | None:
+    """Strip the main graph in ``[start, end)``; return (pieces, new length) or None if unchanged.
+
+    The hot loop: nodes and every other field are skipped with their length
+    prefix, without being descended into."""
+    pieces: list[_Piece] = []
+    run = start  # start of the current stretch of bytes copied unchanged
+    changed = False
+    new_len = 0
+    pos = start
+    key_init, key_enc = _KEY_INITIALIZER, _KEY_ENCODED
+    while pos < end:
+        kstart = pos
+        key = buf[pos]
+        pos += 1
+        if key >= 0x80:
+            key, pos = _varint(buf, kstart, end)
+        if key & 7 != _LEN or key < 8:
+            pos = _skip(buf, key, kstart, pos, end)
+            continue
+        kend = pos
+        # length prefix: one- and two-byte varints inline
+        if pos < end and buf[pos] < 0x80:
+            n = buf[pos]
+            pos += 1
+        elif pos + 1 < end and buf[pos + 1] < 0x80:
+            n = (buf[pos] & 0x7F) | (buf[pos + 1] << 7)
+            pos += 2
+        else:
+            n, pos = _varint(buf, pos, end)
+        vend = pos + n
+        if vend > end:
+            raise WireError(f"field {key >> 3} at byte {kstart}: length {n} runs past the end "
+                            f"of its message (byte {end})")
+        # A value shorter than min_size cannot hold a payload of min_size bytes.
+        if (key == key_init or key == key_enc):
+            kind = _KIND_OF_KEY[key]
+            index = counters[kind]
+            counters[kind] = index + 1
+            if n >= min_size:
+                found = _strip_value(buf, pos, vend, _KINDS[kind][1], min_size)
+                if found is not None:
+                    removed, off, length = found
+                    refs.append(PayloadRef(kind, index, off, length))  # type: ignore[arg-type]
+                    value_len = n - sum(e - s for s, e in removed)
+                    lenbytes = _encode_varint(value_len)
+                    pieces.append((run, kend))
+                    pieces.append(lenbytes)
+                    cur = pos
+                    for s, e in removed:
+                        pieces.append((cur, s))
+                        cur = e
+                    pieces.append((cur, vend))
+                    new_len += (kend - run) + len(lenbytes) + value_len
+                    run = vend
+                    changed = True
+        pos = vend
+    if not changed:
+        return None
+    pieces.append((run, end))
+    new_len += end - run
+    return pieces, new_len
+
+
+def _as_view(data: BytesLike) -> memoryview:
+    """A flat unsigned-byte memoryview of ``data``."""
+    try:
+        view = memoryview(data)
+    except TypeError:
+        raise TypeError(f"expected bytes, bytearray, memoryview or mmap, got {type(data).__name__}"
+                        ) from None
+    if not view.c_contiguous:
+        view.release()
+        raise TypeError("a non-contiguous buffer cannot be scanned as protobuf bytes")
+    if view.format != "B" or view.ndim != 1:
+        flat = view.cast("B")
+        view.release()
+        return flat
+    return view
+
+
+def strip_payloads(data: BytesLike, *, min_size: int = 1024) -> StrippedModel:
+    """Remove the main graph's inline payloads of at least ``min_size`` bytes from a
+    serialized ModelProto, without copying them.
+
+    ``data`` is the serialized model (bytes, bytearray, memoryview or an ``mmap``).
+    The removed fields are ``TensorProto.raw_data`` of ``graph.initializer[i]`` and
+    ``EncodedValueProto.raw_data`` of ``graph.encoded_initializer[i]``; subgraph and
+    function initializers stay inline. The returned skeleton holds only the other
+    bytes (with the enclosing length prefixes re-encoded, field order kept), and
+    each :class:`PayloadRef` gives a payload's byte range in ``data``.
+
+    Raises :class:`WireError` for malformed or truncated protobuf bytes on the
+    scanned path, including group wire types; ``ValueError`` for a negative
+    ``min_size``."""
+    if isinstance(min_size, bool) or not isinstance(min_size, int):
+        raise TypeError(f"min_size must be an int, got {type(min_size).__name__}")
+    if min_size < 0:
+        raise ValueError(f"min_size must be >= 0, got {min_size}")
+    buf = _as_view(data)
+    try:
+        end = len(buf)
+        refs: list[PayloadRef] = []
+        counters = {KIND_INITIALIZER: 0, KIND_ENCODED: 0}
+        pieces: list[_Piece] = []
+        run = 0
+        for key, kstart, vstart, vend in _fields(buf, 0, end):
+            if key != _KEY_GRAPH:
+                continue
+            graph = _strip_graph(buf, vstart, vend, min_size, counters, refs)
+            if graph is None:
+                continue
+            gpieces, glen = graph
+            pieces.append((run, kstart))
+            pieces.append(bytes((_KEY_GRAPH,)))
+            pieces.append(_encode_varint(glen))
+            pieces.extend(gpieces)
+            run = vend
+        if not pieces:
+            # nothing removed: the skeleton is the model itself
+            skeleton = data if type(data) is bytes else bytes(buf)
+        else:
+            pieces.append((run, end))
+            skeleton = _join(buf, pieces)
+    finally:
+        buf.release()
+    return StrippedModel(skeleton, refs)
+
+
+def payload_views(data: BytesLike, stripped: StrippedModel) -> dict[tuple[str, int], memoryview]:
+    """Read-only memoryviews into ``data`` for each payload of ``stripped`` (zero copy).
+
+    ``data`` must be the object that was scanned. Keys are ``(kind, index)``. A view
+    into an ``mmap`` keeps the map open: release the views before closing it."""
+    whole = _as_view(data)
+    try:
+        ro = whole.toreadonly()
+    finally:
+        whole.release()
+    size = len(ro)
+    out: dict[tuple[str, int], memoryview] = {}
+    for ref in stripped.payloads:
+        if ref.offset < 0 or ref.length < 0 or ref.offset + ref.length > size:
+            ro.release()
+            for v in out.values():
+                v.release()
+            raise WireError(f"payload {ref.kind}[{ref.index}] at bytes [{ref.offset}, "
+                            f"{ref.offset + ref.length}) lies outside the data ({size} bytes)")
+        out[ref.key] = ro[ref.offset:ref.offset + ref.length]
+    ro.release()
+    return out
+
+
+# --------------------------------------------------------------------------- writing
+
+
+class _Payload:
+    """A marker wrapping a caller's payload in the write plan."""
+
+    __slots__ = ("view",)
+
+    def __init__(self, view: memoryview) -> None:
+        self.view = view
+
+
+def _insert_point(skel: memoryview, start: int, end: int, raw_field: int) -> int:
+    """Where protobuf's serializer puts field ``raw_field`` in the message ``[start, end)``:
+    before the first field with a larger number, else at the end. Returns -1 when the
+    message already holds the field."""
+    at = -2
+    for key, kstart, _, _ in _fields(skel, start, end):
+        number = key >> 3
+        if number == raw_field and key & 7 == _LEN:
+            return -1
+        if at == -2 and number > raw_field:
+            at = kstart
+    return end if at == -2 else at
+
+
+def _check_payloads(payloads: Mapping[tuple[str, int], object]
+                    ) -> dict[tuple[str, int], memoryview]:
+    """Validate the keys and take a flat byte memoryview of every payload."""
+    views: dict[tuple[str, int], memoryview] = {}
+    try:
+        for k, p in payloads.items():
+            if (not isinstance(k, tuple) or len(k) != 2 or k[0] not in _KINDS
+                    or isinstance(k[1], bool) or not isinstance(k[1], int) or k[1] < 0):
+                raise ValueError(f"payload key {k!r} is not ('initializer' | 'encoded', "
+                                 "index >= 0)")
+            try:
+                v = memoryview(p)  # type: ignore[arg-type]
+            except TypeError:
+                raise TypeError(f"payload {k!r} is not bytes-like ({type(p).__name__})") from None
+            if not v.c_contiguous:
+                v.release()
+                raise TypeError(f"payload {k!r} is not a contiguous buffer")
+            if v.format != "B" or v.ndim != 1:
+                flat = v.cast("B")
+                v.release()
+                v = flat
+            views[k] = v
+    except BaseException:
+        for v in views.values():
+            v.release()
+        raise
+    return views
+
+
+def write_model(fh: IO[bytes], skeleton_model_bytes: BytesLike,
+                payloads: Mapping[tuple[str, int], BytesLike]) -> int:
+    """Write a complete serialized ModelProto to the binary file object ``fh``.
+
+    ``skeleton_model_bytes`` is a serialized ModelProto whose main-graph
+    initializers named by ``payloads`` have no ``raw_data`` (the field absent);
+    ``payloads`` maps ``(kind, index)`` (see :class:`PayloadRef`) to a bytes-like
+    payload. Each payload becomes the ``raw_data`` field of
+    ``graph.initializer[index]`` (kind ``"initializer"``) or
+    ``graph.encoded_initializer[index]`` (kind ``"encoded"``), placed where
+    protobuf's serializer places it (before the first field with a higher number),
+    and every enclosing length prefix is re-encoded. Payloads are passed to
+    ``fh.write`` unchanged, one call each. Returns the number of bytes written.
+
+    Raises :class:`WireError` when the skeleton is malformed, has no such
+    initializer, or the initializer already holds ``raw_data``; ``ValueError`` /
+    ``TypeError`` for bad keys or non-bytes-like payloads. Nothing is written when
+    an error is raised."""
+    views = _check_payloads(payloads)
+    skel = _as_view(skeleton_model_bytes)
+    plan: list[_Piece | _Payload] = []
+    try:
+        end = len(skel)
+        counters = {KIND_INITIALIZER: 0, KIND_ENCODED: 0}
+        seen: set[tuple[str, int]] = set()
+        run = 0
+        for key, kstart, vstart, vend in (_fields(skel, 0, end) if views else ()):
+            if key != _KEY_GRAPH:
+                continue
+            gplan, glen = _fill_graph(skel, vstart, vend, views, counters, seen)
+            if gplan is None:
+                continue
+            plan.append((run, kstart))
+            plan.append(bytes((_KEY_GRAPH,)) + _encode_varint(glen))
+            plan.extend(gplan)
+            run = vend
+        missing = sorted(set(views) - seen)
+        if missing:
+            raise WireError("the skeleton's main graph has no " + ", ".join(
+                f"{kind}[{index}]" for kind, index in missing)
+                + f" (it has {counters[KIND_INITIALIZER]} initializer(s) and "
+                f"{counters[KIND_ENCODED]} encoded initializer(s))")
+        plan.append((run, end))
+        return _write_plan(fh, skel, plan)
+    finally:
+        skel.release()
+        for v in views.values():
+            v.release()
+
+
+def _fill_graph(skel: memoryview, start: int, end: int, views: dict[tuple[str, int], memoryview],
+                counters: dict[str, int], seen: set[tuple[str, int]]
+                ) -> tuple[list[_Piece | _Payload] | None, int]:
+    """Plan the main graph in ``[start, end)`` with payloads inserted; (None, 0) if unchanged."""
+    plan: list[_Piece | _Payload] = []
+    run = start
+    new_len = 0
+    pos = start
+    while pos < end:
+        kstart = pos
+        key = skel[pos]
+        pos += 1
+        if key >= 0x80:
+            key, pos = _varint(skel, kstart, end)
+        if key & 7 != _LEN or key < 8:
+            pos = _skip(skel, key, kstart, pos, end)
+            continue
+        if pos < end and skel[pos] < 0x80:
+            n = skel[pos]
+            pos += 1
+        elif pos + 1 < end and skel[pos + 1] < 0x80:
+            n = (skel[pos] & 0x7F) | (skel[pos + 1] << 7)
+            pos += 2
+        else:
+            n, pos = _varint(skel, pos, end)
+        vend = pos + n
+        if vend > end:
+            raise WireError(f"field {key >> 3} at byte {kstart}: length {n} runs past the end "
+                            f"of its message (byte {end})")
+        kind = _KIND_OF_KEY.get(key)
+        if kind is not None:
+            index = counters[kind]
+            counters[kind] = index + 1
+            payload = views.get((kind, index))
+            if payload is not None:
+                seen.add((kind, index))
+                raw_field = _KINDS[kind][1]
+                at = _insert_point(skel, pos, vend, raw_field)
+                if at < 0:
+                    raise WireError(f"{kind}[{index}] of the skeleton already holds raw_data; "
+                                    "a payload cannot be inserted twice")
+                raw_head = _encode_varint((raw_field << 3) | _LEN) + _encode_varint(payload.nbytes)
+                value_len = n + len(raw_head) + payload.nbytes
+                head = _encode_varint(key) + _encode_varint(value_len)
+                plan.append((run, kstart))
+                plan.append(head)
+                plan.append((pos, at))
+                plan.append(raw_head)
+                plan.append(_Payload(payload))
+                plan.append((at, vend))
+                new_len += (kstart - run) + len(head) + value_len
+                run = vend
+        pos = vend
+    if not plan:
+        return None, 0
+    plan.append((run, end))
+    new_len += end - run
+    return plan, new_len
+
+
+def _write_all(fh: IO[bytes], chunk: memoryview | bytes) -> int:
+    """Write ``chunk`` completely (raw files may accept fewer bytes per call)."""
+    size = len(chunk) if isinstance(chunk, bytes) else chunk.nbytes
+    written = fh.write(chunk)
+    if written is None or written >= size:
+        return size
+    with memoryview(chunk) as rest:
+        while written < size:
+            n = fh.write(rest[written:])
+            if n is None:
+                break
+            if n <= 0:
+                raise OSError(f"write made no progress after {written} of {size} bytes")
+            written += n
+    return size
+
+
+def _write_plan(fh: IO[bytes], skel: memoryview, plan: list[_Piece | _Payload]) -> int:
+    """Write the plan: consecutive skeleton pieces in one call, each payload in its own."""
+    total = 0
+    pending: list[_Piece] = []
+    for item in plan:
+        if isinstance(item, _Payload):
+            if pending:
+                total += _write_all(fh, _join(skel, pending))
+                pending.clear()
+            if item.view.nbytes:
+                total += _write_all(fh, item.view)
+        else:
+            pending.append(item)
+    if pending:
+        total += _write_all(fh, _join(skel, pending))
+    return total
