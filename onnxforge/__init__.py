@@ -10,6 +10,8 @@ from onnxforge.errors import (
     WireError,
 )
 
+from onnxforge.api import check, decode_value, verify
+
 __version__ = "0.1.0"
 
 __all__ = [
@@ -20,4 +22,7 @@ __all__ = [
     "VerificationError",
     "WireError",
     "__version__",
+    "check",
+    "decode_value",
+    "verify",
 ]

@@ -1,0 +1,88 @@
+"""The public facade's functions (re-exported by ``onnxforge``)."""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+
+from onnxforge.errors import CodecError
+
+__all__ = ["decode_value", "verify", "check"]
+
+
+def _find_encoded_proto(graph: Any, name: str) -> Any | None:
+    for e in graph.encoded_initializer:
+        if e.name == name:
+            return e
+    for n in graph.node:
+        for a in n.attribute:
+            subs = [a.g] if a.HasField("g") else list(a.graphs)
+            for sg in subs:
+                found = _find_encoded_proto(sg, name)
+                if found is not None:
+                    return found
+    return None
+
+
+def decode_value(model: Any, name: str) -> np.ndarray | dict[str, np.ndarray]:
+    """The logical value of initializer ``name`` (encoded or dense) as numpy.
+
+    ``model`` is an IR ``Model``, an extended or stock ``ModelProto``, bytes or a
+    path. Encoded values are decoded by their layout (affine, or a struct type's
+    registered/function decoder); a struct without a logical type gives a dict of
+    field arrays; a value without a decoder raises :class:`CodecError`.
+    """
+    from onnxforge.proto_ext import schema
+    from onnxforge.proto_ext.catalogue import Catalogue
+    from onnxforge.proto_ext.codecs.decode import decode_encoded
+    from onnxforge.proto_ext.convert import encoded_from_proto, struct_from_proto
+
+    model_dir = None
+    if isinstance(model, (str, os.PathLike)):
+        path = os.fspath(model)
+        model_dir = os.path.dirname(os.path.abspath(path))
+        with open(path, "rb") as fh:
+            model = schema.parse_model(fh.read())
+    elif isinstance(model, (bytes, bytearray, memoryview)):
+        model = schema.parse_model(model)
+    if hasattr(model, "graph") and hasattr(model.graph, "encoded_initializers"):  # IR model
+        from onnxforge.graphbuilder.tensors import EncodedTensor
+
+        for g in model.all_graphs():
+            v = g.encoded_initializers.get(name) or g.initializers.get(name)
+            if v is None:
+                continue
+            if isinstance(v.const, EncodedTensor):
+                return decode_encoded(v.const.header, Catalogue(model.struct_types),
+                                      model_dir=model.model_dir, path=f"{g.path()}.encoded_initializer[{name!r}]")
+            return v.const.numpy()
+        raise CodecError(f"no initializer named {name!r} in the model")
+    if getattr(model, "DESCRIPTOR", None) is not None and model.DESCRIPTOR.full_name == "onnx.ModelProto":
+        model = schema.from_onnx(model)
+    enc = _find_encoded_proto(model.graph, name)
+    if enc is not None:
+        catalogue = Catalogue([struct_from_proto(s) for s in model.struct_types])
+        return decode_encoded(encoded_from_proto(enc), catalogue, model_dir=model_dir,
+                              path=f"graph.encoded_initializer[{name!r}]")
+    for t in model.graph.initializer:
+        if t.name == name:
+            import onnx
+            from onnx import numpy_helper
+
+            return numpy_helper.to_array(schema.to_onnx(t), base_dir=model_dir or "")
+    raise CodecError(f"no initializer named {name!r} in the model")
+
+
+def check(model: Any, model_dir: str | None = None):
+    """Every static-rule violation of ``model`` (empty list: valid)."""
+    from onnxforge.proto_ext.verify import check as _check
+
+    return _check(model, model_dir)
+
+
+def verify(model: Any, model_dir: str | None = None) -> None:
+    """Raise :class:`onnxforge.VerificationError` if ``model`` breaks a static rule."""
+    from onnxforge.proto_ext.verify import verify as _verify
+
+    _verify(model, model_dir)
