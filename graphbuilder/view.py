@@ -5,6 +5,8 @@ are referenced, never copied.
 """
 from __future__ import annotations
 
+from onnx import TensorProto
+
 from onnxforge.graphbuilder.ir import AttrType, Function, Graph, Model, Node, Value
 from onnxforge.graphbuilder.tensors import EncodedTensor
 from onnxforge.proto_ext.types import StructType, TensorType, Type
@@ -70,6 +72,39 @@ def _value_infos(container: Graph | Function) -> list[ValueSpec]:
     return out
 
 
+_MAX_INT_VALUES = 64
+
+
+def _small_ints(t) -> tuple[int, ...] | None:
+    if t is None or t.dtype not in (TensorProto.INT64, TensorProto.INT32) or t.size > _MAX_INT_VALUES:
+        return None
+    if t.external is not None and t.raw is None:
+        return None
+    return tuple(int(x) for x in t.numpy().reshape(-1))
+
+
+def _int_values(g: Graph) -> dict[str, tuple[int, ...]]:
+    """Small integer initializers and Constant outputs (for static range checks like L12)."""
+    out: dict[str, tuple[int, ...]] = {}
+    for v in g.initializers.values():
+        values = _small_ints(v.const)
+        if values is not None:
+            out[v.name] = values
+    for n in g:
+        if n.op_type != "Constant" or n.domain not in ("", "ai.onnx") or len(n.outputs) != 1:
+            continue
+        values = None
+        if "value" in n.attributes and n.attributes["value"].type == AttrType.TENSOR:
+            values = _small_ints(n.attributes["value"].value)
+        elif "value_int" in n.attributes:
+            values = (int(n.attributes["value_int"].value),)
+        elif "value_ints" in n.attributes:
+            values = tuple(int(x) for x in n.attributes["value_ints"].value)
+        if values is not None:
+            out.setdefault(n.outputs[0].name, values)
+    return out
+
+
 def _graph(g: Graph, path: str, is_main: bool) -> GraphView:
     return GraphView(
         path=path,
@@ -84,6 +119,7 @@ def _graph(g: Graph, path: str, is_main: bool) -> GraphView:
                  if isinstance(v.const, EncodedTensor)],
         nodes=[_node(n, f"{path}.node[{i}]") for i, n in enumerate(g)],
         bindings=[(i.name, o.name) for i, o in g.bindings],
+        int_values=_int_values(g),
     )
 
 

@@ -10,10 +10,12 @@ paths used in error messages: ``graph``, ``graph.node[3]('attn')``,
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from onnx import AttributeProto
+import numpy as np
+from onnx import AttributeProto, TensorProto
 
 from onnxforge.proto_ext.convert import encoded_from_proto, struct_from_proto, type_from_proto
 from onnxforge.proto_ext.types import EncodedValue, StructType, Type
@@ -76,6 +78,8 @@ class GraphView:
     encoded: list[EncodedValue]
     nodes: list[NodeView]
     bindings: list[tuple[str, str]] = field(default_factory=list)
+    # Values of small integer initializers and Constant outputs (for static range checks).
+    int_values: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -134,6 +138,47 @@ def _node_view(node: Any, path: str) -> NodeView:
     return nv
 
 
+_INT_DTYPES = {TensorProto.INT64: ("<i8", "int64_data"), TensorProto.INT32: ("<i4", "int32_data")}
+_MAX_INT_VALUES = 64
+
+
+def _small_ints(t: Any) -> tuple[int, ...] | None:
+    """Elements of a small inline INT64/INT32 TensorProto, else None."""
+    spec = _INT_DTYPES.get(t.data_type)
+    if spec is None or t.data_location == TensorProto.EXTERNAL or math.prod(t.dims) > _MAX_INT_VALUES:
+        return None
+    if t.raw_data:
+        dtype = np.dtype(spec[0])
+        if len(t.raw_data) % dtype.itemsize:
+            return None
+        values = tuple(int(v) for v in np.frombuffer(t.raw_data, dtype=dtype))
+    else:
+        values = tuple(getattr(t, spec[1]))
+    return values if len(values) == math.prod(t.dims) else None
+
+
+def _int_values(g: Any) -> dict[str, tuple[int, ...]]:
+    out: dict[str, tuple[int, ...]] = {}
+    for t in g.initializer:
+        values = _small_ints(t)
+        if values is not None:
+            out.setdefault(t.name, values)
+    for n in g.node:
+        if n.op_type != "Constant" or n.domain not in ("", "ai.onnx") or len(n.output) != 1:
+            continue
+        for attr in n.attribute:
+            values = None
+            if attr.name == "value" and attr.type == AttributeProto.TENSOR:
+                values = _small_ints(attr.t)
+            elif attr.name == "value_int" and attr.type == AttributeProto.INT:
+                values = (attr.i,)
+            elif attr.name == "value_ints" and attr.type == AttributeProto.INTS:
+                values = tuple(attr.ints)
+            if values is not None:
+                out.setdefault(n.output[0], values)
+    return out
+
+
 def _graph_view(g: Any, path: str, is_main: bool) -> GraphView:
     return GraphView(
         path=path,
@@ -147,6 +192,7 @@ def _graph_view(g: Any, path: str, is_main: bool) -> GraphView:
         encoded=[encoded_from_proto(e) for e in g.encoded_initializer],
         nodes=[_node_view(n, f"{path}.node[{i}]") for i, n in enumerate(g.node)],
         bindings=[(b.input_name, b.output_name) for b in g.persistent_bindings],
+        int_values=_int_values(g),
     )
 
 
