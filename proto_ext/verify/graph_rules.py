@@ -118,7 +118,8 @@ def _initializer_names(g: GraphView, report: Report) -> None:
 
 
 def _encoded_value_types(g: GraphView, report: Report) -> None:
-    # N4: a value named like an encoded initializer is typed struct_type accordingly.
+    # N4: a value named like an encoded initializer is typed struct_type accordingly,
+    # or (so that stock readers see a well-formed graph) by the value's logical type.
     encoded = {e.name: e for e in g.encoded if e.name}
     if not encoded:
         return
@@ -128,9 +129,13 @@ def _encoded_value_types(g: GraphView, report: Report) -> None:
             continue
         path = f"{g.path}.{kind}[{v.name!r}].type"
         t = v.type
+        if (isinstance(t, TensorType) and isinstance(e.logical_type, TensorType)
+                and compatible(t, e.logical_type) is None):
+            continue
         if not isinstance(t, StructType):
             report.add("N4", path, f"names encoded initializer {v.name!r} but is typed "
-                                   f"{t or 'nothing'}, not TypeProto.struct_type")
+                                   f"{t or 'nothing'}, neither TypeProto.struct_type nor its "
+                                   f"logical type {e.logical_type}")
             continue
         layout = e.struct_type
         if layout is not None and layout.is_reference:

@@ -212,13 +212,15 @@ AFFINE_W = encoded("w", affine=affine_layout(TensorProto.INT8, constant(FLOAT, [
 
 
 @pytest.mark.parametrize("input_type, enc", [(ref_type(1), REF_W), (category_type(), REF_W),
-                                             (category_type(), AFFINE_W)])
+                                             (category_type(), AFFINE_W),
+                                             (tensor_type(FLOAT, [4]), AFFINE_W)])
 def test_n4_accepted_types(input_type, enc):
     assert check(_n4_model(input_type, enc)) == []
 
 
 @pytest.mark.parametrize("input_type, enc, words", [
-    (tensor_type(FLOAT, [4]), REF_W, "not TypeProto.struct_type"),
+    (tensor_type(FLOAT, [4]), REF_W, "neither TypeProto.struct_type"),
+    (tensor_type(FLOAT, [5]), AFFINE_W, "logical type FLOAT[4]"),
     (ref_type(2), REF_W, "type_ref 1"),
     (ref_type(1), AFFINE_W, "affine layout"),
 ])
