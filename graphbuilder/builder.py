@@ -44,6 +44,7 @@ from onnxforge.graphbuilder.ir import (
 )
 from onnxforge.graphbuilder.opschemas import ONNXFORGE_DOMAIN, ONNXFORGE_VERSION, check_node
 from onnxforge.graphbuilder.tensors import EncodedTensor, Tensor, onnx_dtype
+from onnxforge.proto_ext.convert import constant_from_numpy, function_blob_from_proto
 from onnxforge.proto_ext.types import (
     AffineLayout,
     ArrayKind,
@@ -518,15 +519,10 @@ class GraphBuilder:
 
 
 def _constant(arr: np.ndarray) -> Constant:
-    from onnx import numpy_helper
-
-    t = numpy_helper.from_array(np.asarray(arr))
-    return Constant(t.data_type, tuple(t.dims), t.SerializeToString(), int(np.asarray(arr).size))
+    return constant_from_numpy(np.asarray(arr))
 
 
 def _function_blob(f: Any) -> FunctionBlob | None:
-    if f is None:
-        return None
-    if isinstance(f, FunctionBlob):
+    if f is None or isinstance(f, FunctionBlob):
         return f
-    return FunctionBlob(f.SerializeToString(), f.name, f.domain, tuple(f.input), tuple(f.output))
+    return function_blob_from_proto(f)

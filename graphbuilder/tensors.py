@@ -128,12 +128,9 @@ class Tensor:
                 arr.flags.writeable = False
             return arr
         if self.proto is not None:
-            import onnx
-            from onnx import numpy_helper
+            from onnxforge.proto_ext.convert import tensor_proto_to_numpy
 
-            t = onnx.TensorProto()
-            t.ParseFromString(self.proto)
-            return numpy_helper.to_array(t)
+            return tensor_proto_to_numpy(self.proto)
         raise CodecError(f"tensor {self.name!r} has no payload")
 
     def tobytes(self) -> bytes | memoryview:
@@ -195,14 +192,9 @@ class EncodedTensor:
 
     def content_key(self) -> tuple:
         """Dedup key: equal bytes with a different layout or logical type differ."""
-        from onnxforge.proto_ext.convert import encoded_to_proto
+        from onnxforge.proto_ext.convert import encoded_layout_key
 
-        h = self.header
-        layout = encoded_to_proto(EncodedValue(name="", affine=h.affine, struct_type=h.struct_type,
-                                               logical_type=h.logical_type,
-                                               has_logical_type=h.has_logical_type),
-                                  with_payload=False).SerializeToString()
-        return (layout, bytes(self.payload))
+        return (encoded_layout_key(self.header), bytes(self.payload))
 
     def __repr__(self) -> str:
         return f"EncodedTensor({self.name!r}, {self.nbytes} bytes)"

@@ -325,3 +325,30 @@ def encoded_to_proto(e: EncodedValue, out: Message | None = None, *,
     if e.doc_string:
         out.doc_string = e.doc_string
     return out
+
+
+def constant_from_numpy(array: Any, name: str = "") -> Constant:
+    """A :class:`Constant` record holding ``array`` (packed like TensorProto.raw_data)."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    arr = np.asarray(array)
+    t = numpy_helper.from_array(arr, name)
+    return Constant(t.data_type, tuple(t.dims), t.SerializeToString(), int(arr.size), name)
+
+
+def tensor_proto_to_numpy(data: bytes, base_dir: str = "") -> Any:
+    """Decode serialized TensorProto bytes to numpy with stock onnx."""
+    import onnx
+    from onnx import numpy_helper
+
+    t = onnx.TensorProto()
+    t.ParseFromString(data)
+    return numpy_helper.to_array(t, base_dir=base_dir)
+
+
+def encoded_layout_key(e: EncodedValue) -> bytes:
+    """Canonical bytes of an encoded value's layout and logical type (no payload, no name)."""
+    header = EncodedValue(name="", affine=e.affine, struct_type=e.struct_type,
+                          logical_type=e.logical_type, has_logical_type=e.has_logical_type)
+    return encoded_to_proto(header, with_payload=False).SerializeToString(deterministic=True)
