@@ -5,6 +5,8 @@ are referenced, never copied.
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 from onnx import TensorProto
 
 from onnxforge.graphbuilder.ir import AttrType, Function, Graph, Model, Node, Value
@@ -105,6 +107,15 @@ def _int_values(g: Graph) -> dict[str, tuple[int, ...]]:
     return out
 
 
+def _wire_header(t: EncodedTensor):
+    """The header as the wire has it: an external payload mapped by the loader is not
+    inline data (rule P3 concerns the serialized form)."""
+    h = t.header
+    if t.external is not None and len(h.raw_data):
+        return replace(h, raw_data=b"")
+    return h
+
+
 def _graph(g: Graph, path: str, is_main: bool) -> GraphView:
     return GraphView(
         path=path,
@@ -115,7 +126,7 @@ def _graph(g: Graph, path: str, is_main: bool) -> GraphView:
         value_infos=_value_infos(g),
         initializers=list(g.initializers),
         sparse_initializers=list(g.sparse_initializers),
-        encoded=[v.const.header for v in g.encoded_initializers.values()
+        encoded=[_wire_header(v.const) for v in g.encoded_initializers.values()
                  if isinstance(v.const, EncodedTensor)],
         nodes=[_node(n, f"{path}.node[{i}]") for i, n in enumerate(g)],
         bindings=[(i.name, o.name) for i, o in g.bindings],

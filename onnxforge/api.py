@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -54,7 +55,11 @@ def decode_value(model: Any, name: str) -> np.ndarray | dict[str, np.ndarray]:
             if v is None:
                 continue
             if isinstance(v.const, EncodedTensor):
-                return decode_encoded(v.const.header, Catalogue(model.struct_types),
+                header = v.const.header
+                if v.const.external is not None and len(header.raw_data):
+                    # the loader already mapped the external payload (safely, bounds-checked)
+                    header = replace(header, external_data=(), data_location=None)
+                return decode_encoded(header, Catalogue(model.struct_types),
                                       model_dir=model.model_dir, path=f"{g.path()}.encoded_initializer[{name!r}]")
             return v.const.numpy()
         raise CodecError(f"no initializer named {name!r} in the model")
@@ -67,7 +72,6 @@ def decode_value(model: Any, name: str) -> np.ndarray | dict[str, np.ndarray]:
                               path=f"graph.encoded_initializer[{name!r}]")
     for t in model.graph.initializer:
         if t.name == name:
-            import onnx
             from onnx import numpy_helper
 
             return numpy_helper.to_array(schema.to_onnx(t), base_dir=model_dir or "")

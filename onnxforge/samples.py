@@ -82,7 +82,8 @@ def build_decoder(cfg: DecoderConfig = DecoderConfig()):
     block = g.declare_struct_type("Int4Block", [
         ("codes", _int4_array_type(32)),
         ("scale", tensor_type(FLOAT, [])),
-    ], doc_string="32 signed INT4 codes and one FLOAT scale; value = code * scale")
+    ], doc_string="32 signed INT4 codes and one FLOAT scale; value = code * scale",
+       decoder=_int4_block_decoder())
 
     embed = g.initializer("embed", weight(cfg.vocab, cfg.hidden, scale=1.0))
     x = op.Gather(embed, ids, axis=0)                                  # [1, seq, hidden]
@@ -135,6 +136,21 @@ def build_decoder(cfg: DecoderConfig = DecoderConfig()):
         g.output(value, name, type=cache.type)
         g.bind(cache, name)
     return g.to_model()
+
+
+def _int4_block_decoder():
+    """The Int4Block decoder as a FunctionProto: ``value[r, i] = float(codes[r, i]) * scale[r]``
+    (``codes`` int8 [R, 32], ``scale`` float [R], output float [R, 32])."""
+    from onnx import helper
+
+    nodes = [
+        helper.make_node("Cast", ["codes"], ["codes_f"], to=FLOAT),
+        helper.make_node("Constant", [], ["axis1"], value=helper.make_tensor("axis1", INT64, [1], [1])),
+        helper.make_node("Unsqueeze", ["scale", "axis1"], ["scale_col"]),
+        helper.make_node("Mul", ["codes_f", "scale_col"], ["value"]),
+    ]
+    return helper.make_function("onnxforge.decoders", "Int4Block_decode", ["codes", "scale"],
+                                ["value"], nodes, [helper.make_opsetid("", 23)])
 
 
 def _int4_array_type(n: int):

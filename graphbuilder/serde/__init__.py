@@ -1,0 +1,255 @@
+"""Lossless conversion between extended ONNX protobuf and the IR; model load and save.
+
+This package is the only part of ``graphbuilder`` that touches protobuf.
+
+Loading from a file memory-maps it, strips the main graph's inline payloads of
+at least 1 KiB from the wire bytes (:mod:`onnxforge.proto_ext.wirescan`),
+parses the small remainder and gives each stripped tensor a read-only
+memoryview into the mapping: no payload is copied. External data is mapped
+too (:mod:`onnxforge.proto_ext.external`), after its location has been
+checked; a payload is never read during loading, so a model with terabytes of
+external data loads in the time its graph takes.
+
+Saving streams those payloads back with
+:func:`~onnxforge.proto_ext.wirescan.write_model` (again without copies), keeps
+external payloads external, or writes every large payload to one external
+file when asked.
+
+Nothing is dropped: fields the IR does not model (unknown fields, training
+info, device configurations...) travel in the ``extra`` bytes of the IR object
+that owns them and are written back, so ``save(load(m))`` equals ``m`` up to
+what :mod:`onnxforge.graphbuilder.canonical` normalizes (value_info order,
+external-vs-inline storage, map order).
+
+Example::
+
+    from onnxforge.graphbuilder import serde
+
+    m = serde.load("model.onnx")            # weights memory-mapped, not read
+    m.graph.name = "renamed"
+    serde.save(m, "out/model.onnx")          # same external layout as the input
+    serde.save(m, "out2/model.onnx", external_data="weights.bin")
+"""
+from __future__ import annotations
+
+import contextlib
+import gc
+import io
+import mmap
+import os
+import tempfile
+from typing import IO, Any, Union
+
+import onnx
+
+from onnxforge.errors import WireError
+from onnxforge.graphbuilder.ir import Model
+from onnxforge.graphbuilder.serde._decode import Decoder
+from onnxforge.graphbuilder.serde._encode import Encoder, PayloadPlan
+from onnxforge.proto_ext import schema
+from onnxforge.proto_ext.external import ExternalDataCache
+from onnxforge.proto_ext.wirescan import payload_views, strip_payloads, write_model
+
+__all__ = [
+    "Source",
+    "from_bytes",
+    "from_proto",
+    "load",
+    "save",
+    "to_bytes",
+    "to_onnx",
+    "to_proto",
+    "write",
+]
+
+PathLike = Union[str, "os.PathLike[str]"]
+Source = Union[PathLike, bytes, bytearray, memoryview, Any]
+"""A path, serialized bytes, or a ModelProto (stock ``onnx`` or extended)."""
+
+STRIP_MIN = 1024
+"""Main-graph payloads of at least this many bytes are held as views, never copied."""
+
+
+@contextlib.contextmanager
+def _no_gc():
+    """Pause the cyclic garbage collector while a model's object graph is built.
+
+    A model is hundreds of thousands of new container objects that all stay
+    alive; collecting while they are created only re-scans them. When the
+    collector was enabled and nothing is frozen, the new objects are then moved
+    into the oldest generation (``gc.freeze()`` + ``gc.unfreeze()``, two list
+    splices) instead of being scanned by the next young collection; they are
+    collected like any long-lived object by later full collections."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            if gc.get_freeze_count() == 0:
+                gc.freeze()
+                gc.unfreeze()
+            gc.enable()
+
+
+def _parse_checked(skeleton: bytes) -> tuple[Any, bool]:
+    """Parse a serialized ModelProto; ``clean`` is True when no message holds unknown fields.
+
+    The check discards unknown fields and serializes again: identical bytes prove
+    that nothing was discarded. Otherwise (unknown fields, or bytes that another
+    writer encoded differently) the bytes are parsed again, unknown fields kept,
+    and every message is probed on its own."""
+    mp = schema.parse_model(skeleton)
+    mp.DiscardUnknownFields()
+    if mp.SerializeToString() == skeleton:
+        return mp, True
+    return schema.parse_model(skeleton), False
+
+
+def _decode_data(data: Any, model_dir: str | None) -> Model:
+    stripped = strip_payloads(data, min_size=STRIP_MIN)
+    views = payload_views(data, stripped) if stripped.payloads else {}
+    mp, clean = _parse_checked(stripped.skeleton)
+    cache = ExternalDataCache(model_dir) if model_dir is not None else None
+    try:
+        with _no_gc():
+            return Decoder(clean=clean, payloads=views, cache=cache, model_dir=model_dir).model(mp)
+    finally:
+        if cache is not None:
+            cache.close()
+
+
+def from_bytes(data: bytes | bytearray | memoryview, *, model_dir: PathLike | None = None) -> Model:
+    """IR model from serialized (extended) ModelProto bytes.
+
+    Large inline payloads become views into ``data`` (keep it unmodified while
+    the model lives). External data is resolved against ``model_dir``; without
+    it external tensors keep their reference but no payload."""
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise TypeError(f"from_bytes expects bytes-like data, got {type(data).__name__}")
+    return _decode_data(data, None if model_dir is None else os.fspath(model_dir))
+
+
+def from_proto(msg: Any, *, model_dir: PathLike | None = None) -> Model:
+    """IR model from a ModelProto message (extended class, or stock ``onnx.ModelProto``).
+
+    The message is not modified; the model shares nothing with it."""
+    if not hasattr(msg, "SerializeToString") or getattr(msg, "DESCRIPTOR", None) is None \
+            or msg.DESCRIPTOR.name != "ModelProto":
+        raise TypeError(f"from_proto expects a ModelProto, got {type(msg).__name__}")
+    return from_bytes(msg.SerializeToString(), model_dir=model_dir)
+
+
+def _load_path(path: PathLike, model_dir: PathLike | None) -> Model:
+    path = os.fspath(path)
+    folder = os.fspath(model_dir) if model_dir is not None else os.path.dirname(os.path.abspath(path))
+    with open(path, "rb") as fh:
+        size = os.fstat(fh.fileno()).st_size
+        if size == 0:
+            raise WireError(f"{path!r} is empty: not an ONNX model")
+        mapping = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+    try:
+        return _decode_data(mapping, folder)
+    finally:
+        try:
+            mapping.close()  # only succeeds when no payload view refers to it
+        except BufferError:
+            pass
+
+
+def load(source: Source, *, model_dir: PathLike | None = None) -> Model:
+    """Load a model from a path, bytes, or a ModelProto (stock or extended).
+
+    From a path the file is memory-mapped and ``model_dir`` defaults to its
+    folder; inline payloads of at least 1 KiB and every external payload are
+    views into file mappings (read-only, zero copy, nothing read yet). Unsafe
+    external locations raise :class:`~onnxforge.errors.ExternalDataError`
+    before any payload byte is read; a persistent binding that names no graph
+    input/output raises :class:`~onnxforge.errors.VerificationError` (rule B2).
+    Loading does not otherwise verify the model."""
+    if isinstance(source, (str, os.PathLike)):
+        return _load_path(source, model_dir)
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        return from_bytes(source, model_dir=model_dir)
+    if isinstance(source, Model):
+        raise TypeError("load expects a path, bytes or a ModelProto, got an IR Model")
+    return from_proto(source, model_dir=model_dir)
+
+
+def to_proto(model: Model, *, include_payloads: bool = True) -> Any:
+    """Extended ``ModelProto`` of ``model``.
+
+    External payloads stay external references (relative to ``model.model_dir``).
+    With ``include_payloads=False`` the main graph's inline payloads of at least
+    1 KiB are left out (their ``raw_data`` is absent)."""
+    plan = PayloadPlan(stream_min=None if include_payloads else STRIP_MIN,
+                       model_dir=model.model_dir)
+    with _no_gc():
+        return Encoder(plan).model(model)
+
+
+def to_onnx(model: Model) -> onnx.ModelProto:
+    """Stock ``onnx.ModelProto`` of ``model``; extensions ride as unknown fields."""
+    out = onnx.ModelProto()
+    out.ParseFromString(to_bytes(model))
+    return out
+
+
+def _stream(model: Model, fh: IO[bytes], plan: PayloadPlan) -> int:
+    with _no_gc():
+        msg = Encoder(plan).model(model)
+    skeleton = msg.SerializeToString()
+    del msg
+    return write_model(fh, skeleton, plan.streamed)
+
+
+def write(model: Model, fh: IO[bytes]) -> int:
+    """Stream ``model`` as a serialized extended ModelProto to the binary file ``fh``.
+
+    Large main-graph payloads are written straight from their buffers; external
+    payloads stay external references. Returns the number of bytes written."""
+    return _stream(model, fh, PayloadPlan(stream_min=STRIP_MIN, model_dir=model.model_dir))
+
+
+def to_bytes(model: Model) -> bytes:
+    """Serialized extended ModelProto of ``model`` (external payloads stay external)."""
+    buf = io.BytesIO()
+    write(model, buf)
+    return buf.getvalue()
+
+
+def save(model: Model, path: PathLike, *, external_data: str | None = None,
+         size_threshold: int = 1024, all_tensors_to_one_file: bool = True) -> None:
+    """Write ``model`` to ``path`` as extended ONNX, losslessly.
+
+    Without ``external_data`` payloads keep their storage: inline ones stay
+    inline (streamed from their buffers), external ones stay external (left in
+    place when saving next to the data they came from, copied into the new
+    folder under the same location otherwise). With ``external_data`` (a
+    location relative to the model's folder) every payload of at least
+    ``size_threshold`` bytes, and every payload that was external, is written
+    there (or, with ``all_tensors_to_one_file=False``, to one file per tensor
+    next to it). The model file is written to a temporary name and renamed, so
+    saving over the file a model was loaded from is safe."""
+    if isinstance(size_threshold, bool) or not isinstance(size_threshold, int) or size_threshold < 0:
+        raise ValueError(f"size_threshold must be a non-negative int, got {size_threshold!r}")
+    path = os.fspath(path)
+    out_dir = os.path.dirname(os.path.abspath(path))
+    os.makedirs(out_dir, exist_ok=True)
+    plan = PayloadPlan(stream_min=STRIP_MIN, out_dir=out_dir, model_dir=model.model_dir,
+                       location=external_data, threshold=size_threshold,
+                       one_file=all_tensors_to_one_file)
+    fd, tmp = tempfile.mkstemp(prefix=".onnxforge-", suffix=".tmp", dir=out_dir)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            _stream(model, fh, plan)
+        os.chmod(tmp, 0o644)
+        plan.commit()
+        os.replace(tmp, path)
+    except BaseException:
+        plan.abort()
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise

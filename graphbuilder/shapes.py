@@ -1,0 +1,791 @@
+"""ShapesContext: the single source of truth for value types, with per-node inference.
+
+A :class:`ShapesContext` holds the refined type of every value of a model (or of
+one graph / function body) and keeps the IR in agreement: every refinement is
+written to ``Value.type``. Dimensions are ``int``, :class:`SymExpr` (symbolic,
+e.g. ``past + seq``) or ``None`` (unknown); ``dim_param`` strings met in
+declared types are parsed into expressions.
+
+Knowledge only grows. :meth:`ShapesContext.set_type` *merges* a new type into
+what is known: an unknown rank or dimension is refined, equal dimensions stay,
+and provably different ones (``4`` vs ``5``, ``n`` vs ``n + 1``) raise
+:class:`ShapeError`, naming the value, both types and where each came from.
+Two dimensions whose relation cannot be decided (``total`` vs ``past + seq``)
+keep the existing one (a number wins over a symbol); the pair is recorded in
+:attr:`ShapesContext.equalities`. Rules name a size that is fixed but unknown
+with a fresh symbol (``_b0`` for an undecidable broadcast, ``_l0`` for a Loop
+dimension that changes between iterations, ``_nz0`` for NonZero's count).
+Values the context learns nothing about keep whatever the IR holds.
+
+Small constant tensors are tracked as :class:`SymTensor` (elements may be
+symbolic), so shape arithmetic such as ``Shape -> Gather -> Unsqueeze ->
+Concat -> Reshape`` resolves to symbolic targets::
+
+    ctx = ShapesContext(model)
+    ctx.infer_graph()
+    ctx.shape_of(present)        # (batch, 2, past_sequence_length + sequence_length, 32)
+
+Aliases (``Node.output_alias`` MUST_ALIAS ports, ``Value.alias_of`` and the
+operator rule of ``ai.onnxforge`` CacheUpdate) form equivalence classes whose
+members always share one type: what is learned for one name is visible through
+the others. :meth:`ShapesContext.alias_root` gives the storage owner of a class.
+
+Per-operator rules live in :mod:`onnxforge.graphbuilder.infer`. Operators
+without a rule and without a local function leave their outputs as declared
+(or unknown): nothing is guessed. Local functions are inferred per call site
+(formal inputs bound to the actual types), cached by input signature.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+from onnx import TensorProto
+
+from onnxforge.errors import OnnxforgeError
+from onnxforge.graphbuilder.ir import MUST_ALIAS, Attr, Function, Graph, Model, Node, Value
+from onnxforge.graphbuilder.symbolic import Dim, SymbolicError, SymExpr, as_dim, dims_equal, symbol
+from onnxforge.graphbuilder.tensors import EncodedTensor, Tensor
+from onnxforge.proto_ext.catalogue import Catalogue
+from onnxforge.proto_ext.types import (
+    AffineLayout,
+    MapType,
+    OptionalType,
+    SequenceType,
+    SparseTensorType,
+    StructType,
+    TensorType,
+    Type,
+    type_name,
+)
+
+__all__ = [
+    "MAX_CONST_ELEMENTS",
+    "MAX_FLOAT_CONST_ELEMENTS",
+    "ShapeError",
+    "ShapesContext",
+    "SymTensor",
+    "TypeConflict",
+    "format_type",
+    "merge_types",
+    "normalize_type",
+    "trackable",
+]
+
+MAX_CONST_ELEMENTS = 1024
+"""Integer and boolean constant tensors up to this many elements are tracked element by element."""
+
+MAX_FLOAT_CONST_ELEMENTS = 16
+"""Floating-point constants are tracked only up to this size (scalars for Range, fill values)."""
+
+DEFAULT_OPSET = 23
+
+_TRACKED_TYPES = frozenset({
+    TensorProto.INT8, TensorProto.INT16, TensorProto.INT32, TensorProto.INT64,
+    TensorProto.UINT8, TensorProto.UINT16, TensorProto.UINT32, TensorProto.UINT64,
+    TensorProto.BOOL, TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16,
+})
+_FLOAT_CODES = frozenset({TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16})
+
+
+def trackable(elem_type: int, size: int) -> bool:
+    """Whether a constant of this element type and size is tracked element by element."""
+    if elem_type in _FLOAT_CODES:
+        return size <= MAX_FLOAT_CONST_ELEMENTS
+    return elem_type in _TRACKED_TYPES and size <= MAX_CONST_ELEMENTS
+
+
+class ShapeError(OnnxforgeError, ValueError):
+    """Contradictory type or shape knowledge, or an operator applied to inputs it cannot take."""
+
+
+class TypeConflict(Exception):
+    """Raised by :func:`merge_types`; ``reason`` says which part of the types disagrees."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+# ----------------------------------------------------------------------------- constants
+
+
+def _element(x: Any) -> Any:
+    """Normalise one element of a :class:`SymTensor`."""
+    if x is None:
+        return None
+    if isinstance(x, SymExpr):
+        return as_dim(x)
+    if isinstance(x, (bool, np.bool_)):
+        return bool(x)
+    if isinstance(x, (int, np.integer)):
+        return int(x)
+    if isinstance(x, (float, np.floating)):
+        return float(x)
+    raise TypeError(f"a SymTensor element is an int, float, bool, SymExpr or None, got {type(x).__name__}")
+
+
+class SymTensor:
+    """A small tensor whose elements are known, symbolic or unknown.
+
+    ``data`` is a numpy array of dtype ``object`` holding ``int``/``float``/``bool``,
+    :class:`SymExpr` (symbolic integers such as ``batch`` or ``past + seq``) or
+    ``None`` (an unknown element). ``elem_type`` is the ONNX element type.
+
+    >>> [str(x) for x in SymTensor.of(TensorProto.INT64, [symbol("batch"), 4, -1]).flat()]
+    ['batch', '4', '-1']
+    """
+
+    __slots__ = ("elem_type", "data")
+
+    def __init__(self, elem_type: int, data: np.ndarray | Any):
+        if not isinstance(data, np.ndarray):  # numpy returns a bare element for 0-d results
+            box = np.empty((), dtype=object)
+            box[()] = data
+            data = box
+        self.elem_type = elem_type
+        self.data = data
+
+    @classmethod
+    def of(cls, elem_type: int, values: Any, shape: Sequence[int] | None = None) -> SymTensor:
+        """From a scalar, a (nested) list or an array; ``shape`` reshapes a flat list."""
+        if isinstance(values, np.ndarray) and values.dtype != object and shape is None:
+            data = np.empty(values.size, dtype=object)
+            data[:] = values.reshape(-1).tolist()  # plain Python numbers
+            return cls(elem_type, data.reshape(values.shape))
+        if isinstance(values, np.ndarray) and values.dtype != object:
+            flat = values.reshape(-1).tolist()
+            dims = values.shape
+        elif isinstance(values, np.ndarray):
+            flat = list(values.reshape(-1))
+            dims = values.shape
+        elif isinstance(values, (list, tuple)):
+            flat, dims = _flatten_nested(values)
+        else:
+            flat, dims = [values], ()
+        if shape is not None:
+            dims = tuple(shape)
+        data = np.empty(len(flat), dtype=object)
+        for i, x in enumerate(flat):
+            data[i] = _element(x)
+        return cls(elem_type, data.reshape(dims))
+
+    @classmethod
+    def from_tensor(cls, t: Tensor) -> SymTensor:
+        return cls.of(t.dtype, np.asarray(t.numpy()))
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.data.shape)
+
+    @property
+    def size(self) -> int:
+        return int(self.data.size)
+
+    def flat(self) -> list[Any]:
+        return list(self.data.reshape(-1))
+
+    def is_concrete(self) -> bool:
+        """True when every element is a plain number."""
+        return all(x is not None and not isinstance(x, SymExpr) for x in self.data.reshape(-1))
+
+    def to_numpy(self) -> np.ndarray:
+        """The value as a numpy array of its element type (requires :meth:`is_concrete`)."""
+        from onnxforge.graphbuilder.tensors import np_dtype
+
+        if not self.is_concrete():
+            raise ShapeError(f"{self} is not fully known")
+        return np.array(self.data.tolist(), dtype=np_dtype(self.elem_type)).reshape(self.shape)
+
+    def __repr__(self) -> str:
+        return f"SymTensor({TensorType(self.elem_type, self.shape)}, {self.data.tolist()})"
+
+
+def _flatten_nested(values: Any) -> tuple[list[Any], tuple[int, ...]]:
+    """Row-major elements and shape of a nested list of scalars."""
+    if isinstance(values, (list, tuple)):
+        if not values:
+            return [], (0,)
+        parts = [_flatten_nested(v) for v in values]
+        shape = parts[0][1]
+        if any(p[1] != shape for p in parts):
+            raise ShapeError("a ragged nested list cannot form a tensor")
+        return [x for p in parts for x in p[0]], (len(parts), *shape)
+    return [values], ()
+
+
+# ----------------------------------------------------------------------------- types
+
+
+def _norm_shape(shape: Sequence[Any] | None) -> tuple[Dim, ...] | None:
+    if shape is None:
+        return None
+    return tuple(as_dim(d) for d in shape)
+
+
+def normalize_type(t: Type) -> Type:
+    """The same type with every dimension normalised (``dim_param`` text parsed)."""
+    if isinstance(t, TensorType):
+        if t.shape is None or all(type(d) is int or d is None for d in t.shape):
+            return t
+        shape = _norm_shape(t.shape)
+        return t if shape == t.shape and all(not isinstance(d, str) for d in t.shape) else \
+            TensorType(t.elem_type, shape, t.denotation, t.dim_denotations)
+    if isinstance(t, SparseTensorType):
+        return SparseTensorType(t.elem_type, _norm_shape(t.shape), t.denotation, t.dim_denotations)
+    if isinstance(t, SequenceType):
+        return SequenceType(normalize_type(t.elem), t.denotation)
+    if isinstance(t, OptionalType):
+        return OptionalType(normalize_type(t.elem), t.denotation)
+    if isinstance(t, MapType):
+        return MapType(t.key_type, normalize_type(t.value), t.denotation)
+    return t
+
+
+def format_type(t: Type) -> str:
+    """Readable form of a type (``FLOAT[batch, past + seq, 32]``); ``unknown`` for None."""
+    return "unknown" if t is None else str(t)
+
+
+def _merge_dim(a: Dim, b: Dim, where: str, unknown: list[tuple[Dim, Dim]] | None) -> Dim:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    eq = dims_equal(a, b)
+    if eq is True:
+        return a if isinstance(a, int) else b
+    if eq is False:
+        raise TypeConflict(f"{where}: {a} != {b}")
+    if isinstance(b, int):  # a symbol meets a number: the number is more precise
+        if unknown is not None:
+            unknown.append((a, b))
+        return b
+    if unknown is not None and not isinstance(a, int):
+        unknown.append((a, b))
+    return a
+
+
+def merge_types(old: Type, new: Type, unknown: list[tuple[Dim, Dim]] | None = None) -> Type:
+    """Merge two descriptions of one value; raises :class:`TypeConflict` on a contradiction.
+
+    ``None`` (unknown type), element type 0, unknown rank and unknown dimensions
+    are refined by the other side. Dimension pairs whose relation is undecidable
+    keep ``old`` (a number wins over a symbol) and are appended to ``unknown``.
+    """
+    if old is None:
+        return new
+    if new is None or old == new:
+        return old
+    old, new = normalize_type(old), normalize_type(new)
+    if isinstance(old, (TensorType, SparseTensorType)) and type(old) is type(new):
+        if old.elem_type and new.elem_type and old.elem_type != new.elem_type:
+            raise TypeConflict(f"element type {type_name(old.elem_type)} != {type_name(new.elem_type)}")
+        elem = old.elem_type or new.elem_type
+        if old.shape is None or new.shape is None:
+            shape = old.shape if new.shape is None else new.shape
+        elif len(old.shape) != len(new.shape):
+            raise TypeConflict(f"rank {len(old.shape)} != {len(new.shape)}")
+        else:
+            shape = tuple(_merge_dim(a, b, f"dimension {i}", unknown)
+                          for i, (a, b) in enumerate(zip(old.shape, new.shape)))
+        return type(old)(elem, shape, old.denotation or new.denotation,
+                         old.dim_denotations or new.dim_denotations)
+    if isinstance(old, SequenceType) and isinstance(new, SequenceType):
+        return SequenceType(merge_types(old.elem, new.elem, unknown), old.denotation)
+    if isinstance(old, OptionalType) and isinstance(new, OptionalType):
+        return OptionalType(merge_types(old.elem, new.elem, unknown), old.denotation)
+    if isinstance(old, MapType) and isinstance(new, MapType):
+        if old.key_type != new.key_type:
+            raise TypeConflict(f"map key type {old.key_type} != {new.key_type}")
+        return MapType(old.key_type, merge_types(old.value, new.value, unknown), old.denotation)
+    if isinstance(old, StructType) and isinstance(new, StructType):
+        if old.is_category:
+            return new
+        if new.is_category:
+            return old
+        if old.is_reference and new.is_reference and old.type_ref != new.type_ref:
+            raise TypeConflict(f"struct type_ref {old.type_ref} != {new.type_ref}")
+        return old
+    raise TypeConflict(f"{type(old).__name__} vs {type(new).__name__}")
+
+
+# ----------------------------------------------------------------------------- context
+
+
+def _default_opsets(target: Model | Graph | Function) -> dict[str, int]:
+    if isinstance(target, Model):
+        return dict(target.opset_imports)
+    if isinstance(target, Function) and target.opset_imports:
+        return dict(target.opset_imports)
+    return {"": DEFAULT_OPSET}
+
+
+class ShapesContext:
+    """Refined types of every value of a model, graph or function body.
+
+    Args:
+        target: a :class:`Model` (its main graph and catalogue), a :class:`Graph`
+            or a :class:`Function`.
+        trust_declared: seed node outputs from their declared ``Value.type``
+            (value_info). With ``False`` only graph inputs, initializers and
+            subgraph/function inputs start with their declared types; every
+            other type is computed (and overwrites the IR's).
+        write_back: write every refined type to ``Value.type``.
+        strict: a computed type that contradicts a node output's *declared* type
+            (and nothing else) raises :class:`ShapeError`; with ``False`` the
+            computed type replaces it and the conflict is listed in
+            :attr:`conflicts` (some exporters write wrong value_info).
+        opset_imports: opsets to assume (default: the model's or function's).
+    """
+
+    def __init__(self, target: Model | Graph | Function, *, trust_declared: bool = True,
+                 write_back: bool = True, strict: bool = True,
+                 opset_imports: dict[str, int] | None = None):
+        if not isinstance(target, (Model, Graph, Function)):
+            raise TypeError(f"ShapesContext needs a Model, Graph or Function, got {type(target).__name__}")
+        self.model: Model | None = target if isinstance(target, Model) else None
+        self.graph: Graph | Function = target.graph if isinstance(target, Model) else target
+        self.opsets: dict[str, int] = dict(opset_imports) if opset_imports else _default_opsets(target)
+        self.catalogue = Catalogue(self.model.struct_types if self.model is not None else ())
+        self.trust_declared = trust_declared
+        self.write_back = write_back
+        self.strict = strict
+        self.conflicts: list[str] = []
+        """Declared types replaced by computed ones (``strict=False`` only)."""
+        self.equalities: list[tuple[Dim, Dim, str]] = []
+        """Dimension pairs met on one value whose equality could not be decided (value name last)."""
+        self.unknown_ops: dict[tuple[str, str], int] = {}
+        """Operators met without a rule or local function, with their count."""
+        self._types: dict[Value, Type] = {}
+        self._sources: dict[Value, list[str]] = {}
+        self._values: dict[Value, SymTensor] = {}
+        self._alias_parent: dict[Value, Value] = {}
+        self._alias_members: dict[Value, list[Value]] = {}
+        self._alias_edges: dict[Value, Value] = {}
+        self._attr_env: dict[str, Attr] = {}
+        self._counter = [0]
+        self._active_calls: set[tuple[str, str, str]] = set()
+        self._fn_cache: dict[Any, tuple[list[Type], list[SymTensor | None], list[int | None]]] = {}
+        from onnxforge.graphbuilder import infer as _infer
+
+        self._rules = _infer
+
+    # -- reading ---------------------------------------------------------------------
+    def type_of(self, value: Value | None) -> Type:
+        """The refined type of ``value`` (``None`` when nothing is known)."""
+        if value is None:
+            return None
+        t = self._types.get(value, _MISSING)
+        if t is _MISSING:
+            t = self._seed(value)
+        return t
+
+    def shape_of(self, value: Value | None) -> tuple[Dim, ...] | None:
+        """The shape of a tensor value; ``None`` for an unknown rank or a non-tensor."""
+        t = self.type_of(value)
+        return t.shape if isinstance(t, (TensorType, SparseTensorType)) else None
+
+    def value_of(self, value: Value | None) -> SymTensor | None:
+        """The known (possibly symbolic) content of a small constant tensor, else ``None``."""
+        if value is None:
+            return None
+        if value not in self._types:
+            self._seed(value)
+        return self._values.get(value)
+
+    def source_of(self, value: Value) -> str:
+        """Where the knowledge about ``value`` came from."""
+        self.type_of(value)
+        return ", then ".join(self._sources.get(value) or ["nothing"])
+
+    def layout_of(self, value: Value) -> StructType | AffineLayout | None:
+        """The physical layout of an encoded initializer (its logical type is :meth:`type_of`)."""
+        c = value.const
+        if isinstance(c, EncodedTensor):
+            return c.header.struct_type if c.header.struct_type is not None else c.header.affine
+        return None
+
+    def struct_fields(self, value_or_type: Value | StructType) -> dict[str, Type] | None:
+        """Field types of a struct-typed value, ``type_ref`` resolved through the catalogue."""
+        t = self.type_of(value_or_type) if isinstance(value_or_type, Value) else value_or_type
+        if not isinstance(t, StructType):
+            return None
+        decl = self.catalogue.resolve(t)
+        if decl is None or decl.kind != "structure":
+            return None
+        return {f.name: (normalize_type(f.type) if f.type is not None else
+                         (TensorType(f.constant.data_type, f.constant.dims) if f.constant else None))
+                for f in decl.fields}
+
+    def opset(self, domain: str) -> int:
+        """Version of ``domain`` imported by the model (``ai.onnx`` is the default domain)."""
+        d = "" if domain == "ai.onnx" else domain
+        v = self.opsets.get(d)
+        if v is None and d == "":
+            v = self.opsets.get("ai.onnx", DEFAULT_OPSET)
+        return 1 if v is None else v
+
+    def fresh_symbol(self, hint: str = "s") -> SymExpr:
+        """A new symbol (``_s0``, ``_s1``...) for a dimension whose value is unknown but fixed."""
+        n = self._counter[0]
+        self._counter[0] += 1
+        return symbol(f"_{hint}{n}")
+
+    # -- writing ---------------------------------------------------------------------
+    def set_type(self, value: Value, t: Type, source: str = "user") -> Type:
+        """Merge ``t`` into what is known about ``value`` (and its aliases); returns the result.
+
+        Raises :class:`ShapeError` naming both constraints when they contradict.
+        """
+        new = normalize_type(t)
+        old = self.type_of(value)
+        unknown: list[tuple[Dim, Dim]] = []
+        try:
+            merged = merge_types(old, new, unknown)
+        except TypeConflict as e:
+            message = (f"value {value.name!r}: {format_type(old)} (from {self.source_of(value)}) "
+                       f"contradicts {format_type(new)} (from {source}): {e.reason}")
+            if self.strict or self._sources.get(value) != ["declared type"] or value.producer() is None:
+                raise ShapeError(message) from None
+            self.conflicts.append(message)
+            self._sources[value] = []
+            merged, old = new, None
+        for a, b in unknown:
+            self.equalities.append((a, b, value.name))
+        if merged != old:
+            for m in self._alias_members.get(self._find(value), (value,)):
+                self._store(m, merged, source)
+        return merged
+
+    def set_value(self, value: Value, content: SymTensor, source: str = "user") -> None:
+        """Record the (possibly symbolic) content of a small tensor; also sets its type."""
+        self.set_type(value, TensorType(content.elem_type, content.shape), source)
+        if trackable(content.elem_type, content.size):
+            self._values[value] = content
+
+    def _store(self, value: Value, t: Type, source: str) -> None:
+        self._types[value] = t
+        srcs = self._sources.setdefault(value, [])
+        if source not in srcs:
+            srcs.append(source)
+            del srcs[1:-2]  # keep the origin and the latest refinements
+        if self.write_back and value.type != t:
+            value.type = t
+
+    def _seed(self, value: Value) -> Type:
+        t: Type = None
+        src: list[str] = []
+        c = value.const
+        if isinstance(c, Tensor):
+            t = TensorType(c.dtype, c.dims)
+            src.append("initializer")
+            if trackable(c.dtype, c.size):
+                self._values[value] = SymTensor.from_tensor(c)
+        elif isinstance(c, EncodedTensor):
+            h = c.header
+            t = normalize_type(h.logical_type) if h.logical_type is not None else h.struct_type
+            src.append("encoded initializer (logical type)" if h.logical_type is not None
+                       else "encoded initializer (layout)")
+        declared = value.type
+        if declared is not None and (self.trust_declared or value.producer() is None):
+            try:
+                t = merge_types(t, normalize_type(declared))
+            except TypeConflict as e:
+                raise ShapeError(f"value {value.name!r}: declared type {format_type(declared)} contradicts "
+                                 f"its {src[0]} {format_type(t)}: {e.reason}") from None
+            src.append("declared type")
+        self._types[value] = t
+        self._sources[value] = src
+        return t
+
+    # -- aliases ---------------------------------------------------------------------
+    def _find(self, v: Value) -> Value:
+        p = self._alias_parent.get(v)
+        if p is None:
+            return v
+        root = self._find(p)
+        self._alias_parent[v] = root
+        return root
+
+    def alias_class(self, value: Value) -> list[Value]:
+        """Every value known to share storage with ``value`` (itself included)."""
+        return list(self._alias_members.get(self._find(value), [value]))
+
+    def _aliased_input(self, v: Value) -> Value | None:
+        a = v.alias_of
+        if isinstance(a, Value):
+            return a
+        if isinstance(a, str) and a:
+            return self._resolve_name(v, a)
+        p = v.producer()
+        if p is not None:
+            for al in p.output_alias:
+                if al.output_index == v.index and al.kind == MUST_ALIAS and 0 <= al.input_index < len(p.inputs):
+                    return p.inputs[al.input_index]
+        return self._alias_edges.get(v)
+
+    def alias_root(self, value: Value) -> Value:
+        """The storage owner: follow ``alias_of`` / MUST_ALIAS ports to the end of the chain."""
+        seen: list[Value] = []
+        v = value
+        while True:
+            if any(s is v for s in seen):
+                chain = " -> ".join(s.name for s in seen + [v])
+                raise ShapeError(f"alias cycle: {chain}")
+            seen.append(v)
+            nxt = self._aliased_input(v)
+            if nxt is None:
+                return v
+            v = nxt
+
+    def _resolve_name(self, v: Value, name: str) -> Value:
+        g = v.graph
+        while g is not None:
+            for cand in _scope_values(g):
+                if cand.name == name:
+                    return cand
+            parent = getattr(g, "parent", None)
+            g = parent.graph if parent is not None else None
+        raise ShapeError(f"value {v.name!r}: alias_of names {name!r}, which is not defined in its scope")
+
+    def add_alias(self, output: Value, input: Value, source: str = "alias") -> None:
+        """Make ``output`` and ``input`` one alias class: merge their types (rejects conflicts)."""
+        if output is input:
+            return
+        self.alias_root(input)  # rejects cycles through the input's chain
+        ra, rb = self._find(output), self._find(input)
+        if ra is rb:
+            return
+        t_in = self.type_of(input)
+        try:
+            merged = merge_types(self.type_of(output), t_in)
+        except TypeConflict as e:
+            raise ShapeError(
+                f"alias {output.name!r} -> {input.name!r}: {output.name!r} is "
+                f"{format_type(self.type_of(output))} (from {self.source_of(output)}) but "
+                f"{input.name!r} is {format_type(t_in)} (from {self.source_of(input)}): {e.reason}") from None
+        if self._aliased_input(output) is None:
+            self._alias_edges[output] = input
+        members = self._alias_members.pop(ra, [ra]) + self._alias_members.pop(rb, [rb])
+        self._alias_parent[ra] = rb
+        self._alias_members[rb] = members
+        for m in members:
+            if self.type_of(m) != merged:
+                self._store(m, merged, f"{source} ({output.name!r} aliases {input.name!r})")
+
+    def _node_aliases(self, node: Node) -> None:
+        where = _node_label(node)
+        for al in node.output_alias:
+            if al.kind != MUST_ALIAS:
+                continue
+            if not (0 <= al.output_index < len(node.outputs) and 0 <= al.input_index < len(node.inputs)) \
+                    or node.inputs[al.input_index] is None:
+                raise ShapeError(f"{where}: output_alias {al.output_index} -> {al.input_index} names a "
+                                 "missing port")
+            out, inp = node.outputs[al.output_index], node.inputs[al.input_index]
+            declared = out.alias_of
+            if declared is not None and declared != "":
+                target = declared if isinstance(declared, Value) else self._resolve_name(out, declared)
+                if target is not inp:
+                    raise ShapeError(f"{where}: output {out.name!r} has alias_of {target.name!r} but "
+                                     f"output_alias names input {inp.name!r}")
+            self.add_alias(out, inp, f"output_alias of {where}")
+        for out in node.outputs:
+            if out.alias_of is not None and out.alias_of != "":
+                self.add_alias(out, self._aliased_input(out), f"alias_of of {out.name!r}")
+
+    # -- inference -------------------------------------------------------------------
+    def infer_node(self, node: Node) -> list[Type]:
+        """Infer the output types of one node from what is known of its inputs."""
+        rule = self._rules.lookup(node.domain, node.op_type)
+        if rule is not None:
+            op = self._rules.NodeInference(self, node)
+            try:
+                rule(op)
+            except SymbolicError as e:
+                raise ShapeError(f"{_node_label(node)}: {e}") from e
+        else:
+            fn = self.model.function(node.domain, node.op_type, node.overload) if self.model else None
+            if fn is not None:
+                self._infer_call(node, fn)
+            else:
+                key = (node.domain, node.op_type)
+                self.unknown_ops[key] = self.unknown_ops.get(key, 0) + 1
+        self._node_aliases(node)
+        return [self.type_of(o) for o in node.outputs]
+
+    def infer_graph(self, graph: Graph | Function | None = None) -> ShapesContext:
+        """Infer every node of ``graph`` (default: the context's graph) in topological order,
+        recursing into control-flow bodies; returns ``self``."""
+        g = self.graph if graph is None else graph
+        for v in g.inputs:
+            self.type_of(v)
+        for node in topological_order(g):
+            self.infer_node(node)
+        for v in g.outputs:
+            if v.alias_of is not None and v.alias_of != "":
+                self.add_alias(v, self._aliased_input(v), f"alias_of of {v.name!r}")
+        return self
+
+    def _infer_call(self, node: Node, fn: Function) -> None:
+        """A call of a local function: bind formal inputs to the actual types, infer the body."""
+        actual = [self.type_of(v) for v in node.inputs]
+        consts = [self.value_of(v) for v in node.inputs]
+        attrs = dict(fn.attribute_defaults)
+        for a in node.attributes.values():
+            attrs[a.name] = self._attr_env.get(a.ref_attr_name, a) if a.ref_attr_name else a
+        try:
+            key = (fn.id, tuple(actual), tuple(None if c is None else (c.elem_type, c.shape, tuple(map(str, c.flat())))
+                                              for c in consts),
+                   tuple(sorted((k, _attr_key(a)) for k, a in attrs.items())))
+            hash(key)
+        except TypeError:
+            key = None
+        hit = self._fn_cache.get(key) if key is not None else None
+        if hit is None:
+            if fn.id in self._active_calls:
+                raise ShapeError(f"{_node_label(node)}: local function {fn.domain}::{fn.name} calls itself")
+            child = ShapesContext(fn, trust_declared=self.trust_declared, write_back=False,
+                                  strict=self.strict, opset_imports=fn.opset_imports or self.opsets)
+            child.model, child.catalogue, child._counter = self.model, self.catalogue, self._counter
+            child._fn_cache, child._attr_env = self._fn_cache, attrs
+            child._active_calls = self._active_calls
+            for formal, t, c in zip(fn.inputs, actual, consts):
+                child.set_type(formal, t, f"argument of {_node_label(node)}")
+                if c is not None:
+                    child._values[formal] = c
+            self._active_calls.add(fn.id)
+            try:
+                child.infer_graph(fn)
+            finally:
+                self._active_calls.discard(fn.id)
+            index = {id(v): i for i, v in enumerate(fn.inputs)}
+            aliases: list[int | None] = []
+            for o in fn.outputs:
+                root = child.alias_root(o)
+                aliases.append(index.get(id(root)) if root is not o else None)
+            hit = ([child.type_of(o) for o in fn.outputs], [child.value_of(o) for o in fn.outputs], aliases)
+            if key is not None:
+                self._fn_cache[key] = hit
+        types, values, aliases = hit
+        label = f"function {fn.domain}::{fn.name} at {_node_label(node)}"
+        for out, t, c, al in zip(node.outputs, types, values, aliases):
+            if c is not None:
+                self.set_value(out, c, label)
+            else:
+                self.set_type(out, t, label)
+            if al is not None and al < len(node.inputs) and node.inputs[al] is not None:
+                self.add_alias(out, node.inputs[al], label)
+
+    def infer_subgraph(self, graph: Graph, input_types: Sequence[Type], source: str) -> list[Type]:
+        """Bind the formal inputs of a control-flow body, infer it, return its output types."""
+        if len(input_types) != len(graph.inputs):
+            raise ShapeError(f"{graph.path()}: body takes {len(graph.inputs)} inputs, "
+                             f"{len(input_types)} are bound")
+        for v, t in zip(graph.inputs, input_types):
+            self.set_type(v, t, source)
+        self.infer_graph(graph)
+        return [self.type_of(o) for o in graph.outputs]
+
+    def scratch(self) -> ShapesContext:
+        """A copy of this context that never writes the IR (for trial inference)."""
+        c = ShapesContext.__new__(ShapesContext)
+        for k in ("model", "graph", "opsets", "catalogue", "trust_declared", "strict", "_rules", "_counter",
+                  "_attr_env", "_active_calls"):
+            setattr(c, k, getattr(self, k))
+        c.write_back = False
+        c.equalities, c.conflicts, c.unknown_ops = [], [], {}
+        c._types, c._values, c._alias_edges = dict(self._types), dict(self._values), dict(self._alias_edges)
+        c._sources = {k: list(v) for k, v in self._sources.items()}
+        c._alias_parent = dict(self._alias_parent)
+        c._alias_members = {k: list(v) for k, v in self._alias_members.items()}
+        c._fn_cache = {}
+        return c
+
+    def values(self) -> Iterator[tuple[Value, Type]]:
+        """Every value with known (or seeded) type, and its type."""
+        return iter(list(self._types.items()))
+
+
+_MISSING = object()
+
+
+def _attr_key(a: Attr) -> Any:
+    """Hashable identity of an attribute value (tensors and graphs by object identity)."""
+    v = a.value
+    if isinstance(v, (Tensor, Graph)):
+        return (a.type, id(v))
+    if isinstance(v, list):
+        return (a.type, tuple(id(x) if isinstance(x, (Tensor, Graph)) else x for x in v))
+    return (a.type, repr(v))
+
+
+def _node_label(node: Node) -> str:
+    dom = f"{node.domain}::" if node.domain else ""
+    return f"node {node.name!r} ({dom}{node.op_type})" if node.name else f"{dom}{node.op_type} node"
+
+
+def _scope_values(g: Graph | Function) -> Iterable[Value]:
+    yield from g.inputs
+    if isinstance(g, Graph):
+        yield from g.all_initializers()
+    for n in g:
+        yield from n.outputs
+
+
+def _outer_producers(node: Node, owner: Graph | Function) -> Iterator[Node]:
+    """Producers in ``owner`` of the inputs of ``node`` and of values its subgraphs capture."""
+    for v in node.inputs:
+        if v is not None:
+            p = v.producer()
+            if p is not None and p.graph is owner:
+                yield p
+    for sg in node.subgraphs():
+        for inner in sg.all_nodes():
+            for v in inner.inputs:
+                if v is not None:
+                    p = v.producer()
+                    if p is not None and p.graph is owner:
+                        yield p
+        for v in sg.outputs:
+            p = v.producer()
+            if p is not None and p.graph is owner:
+                yield p
+
+
+def topological_order(g: Graph | Function) -> list[Node]:
+    """Nodes of ``g`` so that producers come first (stable for an already sorted graph)."""
+    nodes = list(g)
+    position = {id(n): i for i, n in enumerate(nodes)}
+    deps: dict[int, set[int]] = {}
+    sorted_already = True
+    for i, n in enumerate(nodes):
+        d = {position[id(p)] for p in _outer_producers(n, g)}
+        deps[i] = d
+        if any(j >= i for j in d):
+            sorted_already = False
+    if sorted_already:
+        return nodes
+    users: dict[int, list[int]] = {i: [] for i in range(len(nodes))}
+    indeg = {i: len(d) for i, d in deps.items()}
+    for i, d in deps.items():
+        for j in d:
+            users[j].append(i)
+    import heapq
+
+    ready = [i for i, k in indeg.items() if k == 0]
+    heapq.heapify(ready)
+    out: list[Node] = []
+    while ready:
+        i = heapq.heappop(ready)
+        out.append(nodes[i])
+        for u in users[i]:
+            indeg[u] -= 1
+            if indeg[u] == 0:
+                heapq.heappush(ready, u)
+    if len(out) != len(nodes):
+        stuck = [nodes[i] for i, k in indeg.items() if k > 0][:3]
+        raise ShapeError(f"{g.path()}: the graph has a cycle through {stuck}")
+    return out
