@@ -10,7 +10,8 @@ from onnxforge.errors import (
     WireError,
 )
 
-from onnxforge.api import check, decode_value, verify
+from onnxforge.api import check, decode_value, infer_shapes, load, save, to_standard_onnx, verify
+from onnxforge.graphbuilder.builder import GraphBuilder
 
 __version__ = "0.1.0"
 
@@ -22,7 +23,12 @@ __all__ = [
     "VerificationError",
     "WireError",
     "__version__",
+    "GraphBuilder",
     "check",
     "decode_value",
+    "infer_shapes",
+    "load",
+    "save",
+    "to_standard_onnx",
     "verify",
 ]

@@ -9,7 +9,46 @@ import numpy as np
 
 from onnxforge.errors import CodecError
 
-__all__ = ["decode_value", "verify", "check"]
+__all__ = ["decode_value", "verify", "check", "load", "save", "to_standard_onnx", "infer_shapes"]
+
+
+def load(source: Any, *, model_dir: str | None = None):
+    """An IR :class:`~onnxforge.graphbuilder.ir.Model` from a path, bytes or ModelProto.
+
+    Payloads are memory-mapped, never copied; external data is resolved against the
+    model's folder and unsafe locations raise :class:`onnxforge.ExternalDataError`.
+    """
+    from onnxforge.graphbuilder import serde
+
+    if hasattr(source, "graph") and hasattr(source, "struct_types") and not hasattr(source, "DESCRIPTOR"):
+        return source
+    return serde.load(source, model_dir=model_dir)
+
+
+def save(model: Any, path: str | os.PathLike, *, external_data: str | None = None,
+         size_threshold: int = 1024) -> None:
+    """Write ``model`` (IR or ModelProto) as extended ONNX, losslessly."""
+    from onnxforge.graphbuilder import serde
+
+    serde.save(load(model), path, external_data=external_data, size_threshold=size_threshold)
+
+
+def to_standard_onnx(model: Any, *, target_opset: int | None = None, keep_domains: Any = (),
+                     lower: bool = True):
+    """A standard ``onnx.ModelProto``; :class:`onnxforge.ExportError` lists what cannot be lowered."""
+    from onnxforge.passes.export import to_standard_onnx as _export
+
+    return _export(model, target_opset=target_opset, keep_domains=keep_domains, lower=lower)
+
+
+def infer_shapes(model: Any, *, strict: bool = False):
+    """Run ShapesContext over the whole model; returns the context (types written to the IR)."""
+    from onnxforge.graphbuilder.shapes import ShapesContext
+
+    m = load(model)
+    ctx = ShapesContext(m, strict=strict)
+    ctx.infer_graph(m.graph)
+    return ctx
 
 
 def _find_encoded_proto(graph: Any, name: str) -> Any | None:

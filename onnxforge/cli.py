@@ -1,9 +1,11 @@
 """onnxforge command line.
 
-    onnxforge inspect MODEL [--json]     opsets, ops, inputs/outputs, catalogue, encoded values,
-                                         bindings and aliases
-    onnxforge verify MODEL [--json]      static rules of RULES.md; exit 1 on any violation
-    onnxforge demo [-o DIR]              build the built-in stateful decoder and run the toolchain on it
+    onnxforge inspect MODEL [--json] [--values]   opsets, ops, inputs/outputs with symbolic shapes,
+                                                  initializer bytes, catalogue, encoded values,
+                                                  bindings and aliases (--values: every value's type)
+    onnxforge verify MODEL [--json]               static rules; exit 1 on any violation
+    onnxforge export MODEL -o DIR                 standard ONNX + feedback.json (+ genai_config.json)
+    onnxforge demo [-o DIR]                       the built-in stateful decoder through the toolchain
 
 MODEL may be ``builtin:decoder`` to use the decoder the package builds itself.
 """
@@ -57,13 +59,52 @@ def _initializer_bytes(model: Any) -> dict[str, int]:
     return out
 
 
-def _cmd_inspect(args: argparse.Namespace) -> int:
-    from onnxforge.proto_ext.view import view_from_proto
-    from onnxforge.report import render_text, summarize
+def _load_ir(source: str):
+    from onnxforge.api import load
 
-    model, folder = _read_model(args.model)
-    summary = summarize(view_from_proto(model, folder), _initializer_bytes(model))
-    print(json.dumps(summary, indent=2) if args.json else render_text(summary))
+    if source.startswith("builtin:"):
+        from onnxforge.samples import BUILTINS
+
+        name = source.split(":", 1)[1]
+        if name not in BUILTINS:
+            raise OnnxforgeError(f"no built-in model {name!r}; known: {sorted(BUILTINS)}")
+        return BUILTINS[name]()
+    if not os.path.exists(source):
+        raise OnnxforgeError(f"no such model file: {source}")
+    return load(source)
+
+
+def _cmd_inspect(args: argparse.Namespace) -> int:
+    from onnxforge.graphbuilder.shapes import ShapesContext
+    from onnxforge.graphbuilder.view import model_view
+    from onnxforge.report import format_type, render_text, summarize
+
+    model = _load_ir(args.model)
+    ctx = ShapesContext(model, strict=False)
+    ctx.infer_graph(model.graph)
+    sizes = {v.name: v.const.nbytes for g in model.all_graphs() for v in g.all_initializers()}
+    summary = summarize(model_view(model), sizes)
+    if args.values:
+        summary["values"] = {v.name: format_type(v.type) for v in model.graph.values() if v.name}
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        print(render_text(summary))
+        if args.values:
+            print("values:")
+            for name, t in summary["values"].items():
+                print(f"  {name}: {t}")
+    return 0
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    from onnxforge.passes.export import export_to_dir
+
+    model = _load_ir(args.model)
+    written = export_to_dir(model, args.output, target_opset=args.target_opset,
+                            keep_domains=tuple(args.keep_domain or ()))
+    for path in (written.values() if isinstance(written, dict) else [written]):
+        print(f"wrote {path}")
     return 0
 
 
@@ -104,6 +145,17 @@ def build_parser() -> argparse.ArgumentParser:
     insp.add_argument("model", help="model path or builtin:decoder")
     insp.add_argument("--json", action="store_true", help="print JSON instead of text")
     insp.set_defaults(func=_cmd_inspect)
+
+    insp.add_argument("--values", action="store_true",
+                      help="also list every value's inferred (symbolic) type")
+
+    exp = sub.add_parser("export", help="lower to standard ONNX and write a folder")
+    exp.add_argument("model", help="model path or builtin:decoder")
+    exp.add_argument("-o", "--output", required=True, help="output folder")
+    exp.add_argument("--target-opset", type=int, default=None, help="default opset to target")
+    exp.add_argument("--keep-domain", action="append",
+                     help="keep operators of this domain (e.g. com.microsoft for onnxruntime)")
+    exp.set_defaults(func=_cmd_export)
 
     ver = sub.add_parser("verify", help="check the static rules (exit 1 on violations)")
     ver.add_argument("model", help="model path or builtin:decoder")

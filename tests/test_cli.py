@@ -85,3 +85,36 @@ def test_console_script_entry_point(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().endswith("OK")
+
+
+def test_inspect_builtin_decoder_shows_symbolic_shapes(capsys):
+    assert main(["inspect", "--json", "--values", "builtin:decoder"]) == 0
+    s = json.loads(capsys.readouterr().out)
+    assert s["outputs"][0] == {"name": "logits", "type": "FLOAT[1, seq, 64]"}
+    assert s["inputs"][2]["access"] == "READ_WRITE"
+    assert len(s["persistent_bindings"]) == 4
+    assert s["values"]["present.0.key"] == "FLOAT[1, 2, 64, 8]"
+
+
+def test_export_writes_standard_model_and_feedback(tmp_path, capsys):
+    import onnx
+
+    assert main(["export", "builtin:decoder", "-o", str(tmp_path / "out")]) == 0
+    std = onnx.load(str(tmp_path / "out" / "model.onnx"))
+    onnx.checker.check_model(std, full_check=True)
+    assert all(n.domain in ("", "ai.onnx") for n in std.graph.node)
+    feedback = json.loads((tmp_path / "out" / "feedback.json").read_text())
+    assert feedback["cache.0.key"] == "present.0.key" and len(feedback) == 4
+
+
+def test_demo_runs_end_to_end(tmp_path):
+    import io
+
+    from onnxforge.samples import run_demo
+
+    out = io.StringIO()
+    assert run_demo(str(tmp_path / "demo"), out=out) == 0
+    text = out.getvalue()
+    assert (tmp_path / "demo" / "decoder.onnx").exists()
+    assert (tmp_path / "demo" / "decoder.standard.onnx").exists()
+    assert "6. onnxruntime decoded 8 tokens" in text
