@@ -12,6 +12,7 @@ from onnxforge.errors import (
 
 from onnxforge.api import check, decode_value, infer_shapes, load, save, to_standard_onnx, verify
 from onnxforge.graphbuilder.builder import GraphBuilder
+from onnxforge.graphbuilder.ir import MUST_ALIAS, READ_ONLY, READ_WRITE
 
 __version__ = "0.1.0"
 
@@ -24,6 +25,9 @@ __all__ = [
     "WireError",
     "__version__",
     "GraphBuilder",
+    "MUST_ALIAS",
+    "READ_ONLY",
+    "READ_WRITE",
     "check",
     "decode_value",
     "infer_shapes",
