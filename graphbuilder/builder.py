@@ -9,7 +9,9 @@
 
 Nodes are validated as they are added, against the operator schemas of the
 declared opsets (``opschemas.check_node``): an unknown operator, a wrong input
-count or a wrong attribute type raises at the call. Names are made unique
+count, an empty required input or a wrong attribute type raises at the call and
+leaves the graph unchanged. Attributes are first adjusted to the schema where that
+loses nothing (``alpha=1`` for a FLOAT, ``perm=0`` for INTS). Names are made unique
 automatically. ``g.op.X(...)`` builds a node of the default domain (or of
 ``ai.onnxforge`` for its operators: ``g.op.CacheUpdate``); ``g.op["com.microsoft"].Y``
 picks another domain.
@@ -42,7 +44,12 @@ from onnxforge.graphbuilder.ir import (
     Node,
     Value,
 )
-from onnxforge.graphbuilder.opschemas import ONNXFORGE_DOMAIN, ONNXFORGE_VERSION, check_node
+from onnxforge.graphbuilder.opschemas import (
+    ONNXFORGE_DOMAIN,
+    ONNXFORGE_VERSION,
+    check_node,
+    resolve_schema,
+)
 from onnxforge.graphbuilder.tensors import EncodedTensor, Tensor, onnx_dtype
 from onnxforge.proto_ext.convert import constant_from_numpy, function_blob_from_proto
 from onnxforge.proto_ext.types import (
@@ -140,6 +147,9 @@ def _coerce(attr: Attr, schema: Any) -> Attr:
         return Attr(attr.name, want, [attr.value])
     if want == AttrType.FLOATS and attr.type == AttrType.INT:
         return Attr(attr.name, want, [float(attr.value)])
+    if attr.type == AttrType.INTS and not attr.value and want in (
+            AttrType.STRINGS, AttrType.TENSORS, AttrType.GRAPHS):
+        return Attr(attr.name, want, [])  # [] was inferred as INTS
     return attr
 
 
@@ -212,6 +222,8 @@ class GraphBuilder:
     def opsets(self) -> dict[str, int]:
         if isinstance(self.graph, Function):
             return self.graph.opset_imports
+        if self.parent is not None:  # a control-flow body follows its enclosing scope
+            return self.parent.opsets
         return self.model.opset_imports
 
     def unique_name(self, base: str) -> str:
@@ -276,10 +288,13 @@ class GraphBuilder:
         ``alias_of`` automatically; ``alias_of=`` declares it explicitly.
         """
         if name is not None and name != value.name:
-            if value.is_graph_input() or value.is_initializer():
+            if (value.is_graph_input() or value.is_initializer() or value.is_graph_output()
+                    or value.graph is not self.graph):
+                # renaming would rename an input, a weight, another output or an outer value
                 value = self.op.Identity(value)
-            self._names.discard(value.name)
+            old = value.name
             value.name = self._claim(name, "output")
+            self._names.discard(old)
         if type is not None:
             value.type = type
         self.graph.outputs.append(value)
@@ -299,8 +314,9 @@ class GraphBuilder:
 
     def constant(self, array: Any, name: str = "const") -> Value:
         """A ``Constant`` node (use :meth:`initializer` for weights)."""
-        return self.make_node("Constant", [], [self.unique_name(name)],
-                              value=Tensor.from_numpy(np.asarray(array))).outputs[0]
+        out = self.unique_name(name)
+        self._names.discard(out)  # make_node claims it
+        return self.make_node("Constant", [], [out], value=Tensor.from_numpy(np.asarray(array))).outputs[0]
 
     def encoded_initializer(self, name: str, values: Any = None, *, storage_type: int | None = None,
                             scale: Any = None, zero_point: Any = None, axis: int | None = None,
@@ -334,6 +350,9 @@ class GraphBuilder:
                 if values is None:
                     raise BuildError(f"encoded initializer {name!r}: give values or codes")
                 x = np.asarray(values)
+                if scale is not None and not isinstance(scale, (np.ndarray, np.generic)) \
+                        and x.dtype.kind == "f":
+                    scale = np.asarray(scale, dtype=x.dtype)  # a Python float keeps x's precision
                 if scale is None:
                     scale, zp = choose_affine_params(x, storage_type, axis=axis, block_size=block_size)
                     zero_point = zp if zero_point is None else zero_point
@@ -411,9 +430,10 @@ class GraphBuilder:
         where = f"{self.graph.path()}.node({node_name!r})"
         if domain == ONNXFORGE_DOMAIN and ONNXFORGE_DOMAIN not in self.opsets:
             self.opsets[ONNXFORGE_DOMAIN] = ONNXFORGE_VERSION
-        schema = check_node(op_type, domain, len(inputs), outputs if isinstance(outputs, int) else len(outputs),
-                            {a.name: a.type for a in attrs}, self.opsets, where)
-        attrs = [_coerce(a, schema) for a in attrs]
+        attrs = [_coerce(a, resolve_schema(op_type, domain, self.opsets)) for a in attrs]
+        check_node(op_type, domain, len(inputs), outputs if isinstance(outputs, int) else len(outputs),
+                   {a.name: a.type for a in attrs}, self.opsets, where,
+                   missing=[i for i, v in enumerate(inputs) if v is None])
         if isinstance(outputs, int):
             out_names = [self.unique_name(f"{node_name}_out{i}" if outputs > 1 else node_name + "_out")
                          for i in range(outputs)]
@@ -429,7 +449,11 @@ class GraphBuilder:
             if inputs[a.input_index] is None:
                 raise BuildError(f"{where}: output_alias names an empty input (rule L1)")
         self.graph.append(node)
-        self._infer_node(node)
+        try:
+            self._infer_node(node)
+        except Exception:
+            self.graph.remove(node, safe=False)  # a failed call leaves the graph unchanged
+            raise
         return node
 
     # -- state and aliases ---------------------------------------------------------------
@@ -460,15 +484,22 @@ class GraphBuilder:
         """Declare that ``output`` must be the storage of ``input`` (``alias_of``); the
         producing node's ``output_alias`` port entry is added to match."""
         src = self._value(input, "alias") if isinstance(input, str) else input
-        output.alias_of = src
+        if output.is_graph_input() or output.is_initializer():
+            raise BuildError(f"alias: {output.name!r} is a graph input or initializer and cannot "
+                             "alias another value (rule L2)")
         node = output.producer()
         if node is not None:
             idx = [i for i, v in enumerate(node.inputs) if v is src]
             if not idx:
                 raise BuildError(f"alias: {output.name!r} is produced by {node!r}, which does not "
                                  f"read {src.name!r} (rule L3)")
-            if not any(a.output_index == output.index for a in node.output_alias):
+            port = [a for a in node.output_alias if a.output_index == output.index]
+            if port and port[0].input_index not in idx:
+                raise BuildError(f"alias: {output.name!r} already aliases input {port[0].input_index} "
+                                 f"of {node!r}, not {src.name!r} (rule L3)")
+            if not port:
                 node.output_alias.append(Alias(output.index, idx[0], MUST_ALIAS))
+        output.alias_of = src
         if src.is_graph_input() and src.access != READ_WRITE:
             src.access = READ_WRITE
 

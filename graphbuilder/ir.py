@@ -141,6 +141,9 @@ class Value:
         outputs and persistent bindings that name ``self``."""
         for node, i in list(self._uses):
             node.set_input(i, other)
+            for o in node._outputs:
+                if o.alias_of is self:
+                    o.alias_of = other
         if outputs and self.graph is not None:
             self.graph._replace_output(self, other)
 
@@ -205,24 +208,33 @@ class Node:
         self.metadata: dict[str, str] = {}
         self.attributes: dict[str, Attr] = (dict(attributes) if isinstance(attributes, dict)
                                             else {a.name: a for a in attributes})
+        for a in self.attributes.values():
+            for sg in a.graphs():
+                sg.parent = self  # a subgraph knows the node that owns it
         self.output_alias: list[Alias] = list(output_alias)
         self.graph: Graph | Function | None = None
         self._prev: Node | None = None
         self._next: Node | None = None
         self.extra = b""
         self.meta: dict[str, Any] = {}
+        if isinstance(outputs, int):
+            outputs = [""] * outputs
+        outs = [Value(o) if isinstance(o, str) else o for o in outputs]
+        seen: set[int] = set()
+        for v in outs:  # checked first: a refused node leaves its inputs' uses untouched
+            if v._producer is not None or id(v) in seen:
+                raise IRError(f"value {v.name!r} already has a producer (SSA)")
+            if v.const is not None or v.is_graph_input():
+                raise IRError(f"value {v.name!r} is a graph input or initializer; "
+                              "it cannot also be a node output (SSA)")
+            seen.add(id(v))
         self._inputs: list[Value | None] = []
         for v in inputs:
             self._inputs.append(v)
             if v is not None:
                 v._uses[(self, len(self._inputs) - 1)] = None
-        if isinstance(outputs, int):
-            outputs = [""] * outputs
         self._outputs: list[Value] = []
-        for i, o in enumerate(outputs):
-            v = Value(o) if isinstance(o, str) else o
-            if v._producer is not None:
-                raise IRError(f"value {v.name!r} already has a producer (SSA)")
+        for i, v in enumerate(outs):
             v._producer, v._index = self, i
             self._outputs.append(v)
 
@@ -284,6 +296,8 @@ class Node:
         across another writer of the same alias root.
         """
         if any(a.kind == MUST_ALIAS for a in self.output_alias):
+            return True
+        if any(o.alias_of is not None for o in self._outputs):
             return True
         g = self.graph
         if isinstance(g, Graph) and g.bindings:
@@ -404,6 +418,8 @@ class _NodeList:
 
     def move_to_end(self, node: Node) -> None:
         """Relink ``node`` at the end without touching def-use (used by sorting)."""
+        if node.graph is not self:
+            raise IRError(f"{node!r} is not in this graph")
         self._unlink_keep(node)
         node._prev, node._next = self._tail, None
         if self._tail is None:
@@ -425,12 +441,13 @@ class _NodeList:
 
     def reorder(self, order: Sequence[Node]) -> None:
         """Relink the nodes in ``order`` (a permutation of the current nodes)."""
-        if len(order) != self._count:
+        if len(order) != self._count or len({id(n) for n in order}) != self._count:
             raise IRError("reorder needs a permutation of the graph's nodes")
-        prev = None
-        for n in order:
+        for n in order:  # checked before relinking anything
             if n.graph is not self:
                 raise IRError(f"{n!r} is not in this graph")
+        prev = None
+        for n in order:
             n._prev = prev
             if prev is None:
                 self._head = n
@@ -480,6 +497,10 @@ class Graph(_NodeList):
     def remove_input(self, value: Value) -> None:
         if value._uses:
             raise IRError(f"graph input {value.name!r} is still used")
+        if value not in self._input_set:
+            raise IRError(f"{value.name!r} is not an input of this graph")
+        if any(i is value for i, _ in self.bindings):
+            raise IRError(f"graph input {value.name!r} has a persistent binding")
         self.inputs.remove(value)
         self._input_set.discard(value)
 
@@ -498,7 +519,7 @@ class Graph(_NodeList):
         if value._producer is not None:
             raise IRError(f"initializer {value.name!r} cannot have a producer")
         name = value.name
-        if name in self.initializers or name in self.encoded_initializers:
+        if self._initializer_name_used(name):
             raise IRError(f"duplicate initializer name {name!r} (rule N2)")
         value.const = tensor
         value.graph = self
@@ -523,10 +544,18 @@ class Graph(_NodeList):
         yield from self.initializers.values()
         yield from self.encoded_initializers.values()
 
+    def _initializer_name_used(self, name: str) -> bool:
+        return (name in self.initializers or name in self.encoded_initializers
+                or name in self.sparse_initializers)
+
     def rename_initializer(self, value: Value, new_name: str) -> None:
         table = self.encoded_initializers if value.is_encoded() else self.initializers
-        if new_name in self.initializers or new_name in self.encoded_initializers:
-            raise IRError(f"initializer name {new_name!r} already used")
+        if table.get(value.name) is not value:
+            raise IRError(f"{value.name!r} is not an initializer of this graph")
+        if new_name == value.name:
+            return
+        if self._initializer_name_used(new_name):
+            raise IRError(f"initializer name {new_name!r} already used (rule N2)")
         del table[value.name]
         value.name = new_name
         value.const.name = new_name
@@ -598,6 +627,8 @@ class Function(_NodeList):
         return (self.domain, self.name, self.overload)
 
     def add_input(self, value: Value) -> Value:
+        if value._producer is not None:
+            raise IRError(f"function input {value.name!r} cannot have a producer")
         value.graph = self
         self.inputs.append(value)
         self._input_set.add(value)

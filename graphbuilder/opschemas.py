@@ -12,6 +12,7 @@ declares them.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import onnx.defs as defs
@@ -23,6 +24,7 @@ __all__ = [
     "ONNXFORGE_VERSION",
     "SchemaCheckError",
     "get_schema",
+    "resolve_schema",
     "check_node",
     "CHECKED_DOMAINS",
 ]
@@ -89,20 +91,41 @@ def get_schema(op_type: str, version: int, domain: str) -> defs.OpSchema | None:
 _ATTR_NAMES = {int(v): k for k, v in defs.OpSchema.AttrType.__members__.items()}
 
 
+def _resolve(op_type: str, domain: str, opsets: dict[str, int]) -> tuple[int, bool]:
+    """(opset version, checked) for a node of ``domain``; raises if the domain is undeclared."""
+    key = "" if domain == "ai.onnx" else domain
+    if key not in opsets and not (key == "" and "ai.onnx" in opsets):
+        raise SchemaCheckError(f"domain {domain or 'ai.onnx'!r} of {op_type} is not among "
+                               f"the model's opset imports {sorted(opsets)}")
+    return opsets.get(key, opsets.get("ai.onnx", 0)), key in CHECKED_DOMAINS
+
+
+def resolve_schema(op_type: str, domain: str, opsets: dict[str, int]) -> defs.OpSchema | None:
+    """The schema a node of ``domain::op_type`` is checked against under ``opsets``, or None
+    (undeclared or unchecked domain, unknown operator). Never raises."""
+    try:
+        version, checked = _resolve(op_type, domain, opsets)
+    except SchemaCheckError:
+        return None
+    return get_schema(op_type, version, domain) if checked else None
+
+
 def check_node(op_type: str, domain: str, n_inputs: int, n_outputs: int,
-               attributes: dict[str, int], opsets: dict[str, int], where: str) -> defs.OpSchema | None:
-    """Validate a node; ``attributes`` maps names to AttributeProto type codes.
+               attributes: dict[str, int], opsets: dict[str, int], where: str,
+               missing: Sequence[int] = ()) -> defs.OpSchema | None:
+    """Validate a node; ``attributes`` maps names to AttributeProto type codes and
+    ``missing`` lists the positions of omitted (empty) inputs.
 
     Returns the schema (None for an unchecked custom domain). Raises
     :class:`SchemaCheckError` naming ``where`` and the problem.
     """
-    key = "" if domain == "ai.onnx" else domain
-    if key not in opsets and not (key == "" and "ai.onnx" in opsets):
-        raise SchemaCheckError(f"{where}: domain {domain or 'ai.onnx'!r} of {op_type} is not among "
-                               f"the model's opset imports {sorted(opsets)}")
-    version = opsets.get(key, opsets.get("ai.onnx", 0))
-    if key not in CHECKED_DOMAINS:
+    try:
+        version, checked = _resolve(op_type, domain, opsets)
+    except SchemaCheckError as exc:
+        raise SchemaCheckError(f"{where}: {exc}") from None
+    if not checked:
         return None
+    key = "" if domain == "ai.onnx" else domain
     schema = get_schema(op_type, version, key)
     if schema is None:
         raise SchemaCheckError(f"{where}: unknown operator {domain + '::' if domain else ''}{op_type} "
@@ -113,6 +136,11 @@ def check_node(op_type: str, domain: str, n_inputs: int, n_outputs: int,
     if not schema.min_output <= n_outputs <= schema.max_output:
         raise SchemaCheckError(f"{where}: {op_type}-{schema.since_version} has {schema.min_output}"
                                f"..{schema.max_output} outputs, got {n_outputs}")
+    formal = schema.inputs
+    for i in missing:
+        if i < len(formal) and formal[i].option == defs.OpSchema.FormalParameterOption.Single:
+            raise SchemaCheckError(f"{where}: input {i} ({formal[i].name!r}) of {op_type}-"
+                                   f"{schema.since_version} is required, got an empty input")
     for name, code in attributes.items():
         spec = schema.attributes.get(name)
         if spec is None:

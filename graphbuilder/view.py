@@ -68,7 +68,8 @@ def _value_infos(container: Graph | Function) -> list[ValueSpec]:
             if id(v) not in boundary and v.has_value_info:
                 out.append(_spec(v))
     else:
-        for v in container.inputs:
+        # a function's formal inputs/outputs carry access / alias_of through value_info
+        for v in (*container.inputs, *container.outputs):
             if v.access or v.alias_of is not None:
                 out.append(_spec(v))
     return out

@@ -10,7 +10,16 @@ from onnxforge.errors import (
     WireError,
 )
 
-from onnxforge.api import check, decode_value, infer_shapes, load, save, to_standard_onnx, verify
+from onnxforge.api import (
+    check,
+    decode_value,
+    infer_shapes,
+    load,
+    optimize,
+    save,
+    to_standard_onnx,
+    verify,
+)
 from onnxforge.graphbuilder.builder import GraphBuilder
 from onnxforge.graphbuilder.ir import MUST_ALIAS, READ_ONLY, READ_WRITE
 
@@ -32,6 +41,7 @@ __all__ = [
     "decode_value",
     "infer_shapes",
     "load",
+    "optimize",
     "save",
     "to_standard_onnx",
     "verify",

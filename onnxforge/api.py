@@ -9,7 +9,8 @@ import numpy as np
 
 from onnxforge.errors import CodecError
 
-__all__ = ["decode_value", "verify", "check", "load", "save", "to_standard_onnx", "infer_shapes"]
+__all__ = ["decode_value", "verify", "check", "load", "save", "to_standard_onnx", "infer_shapes",
+           "optimize"]
 
 
 def load(source: Any, *, model_dir: str | None = None):
@@ -39,6 +40,15 @@ def to_standard_onnx(model: Any, *, target_opset: int | None = None, keep_domain
     from onnxforge.passes.export import to_standard_onnx as _export
 
     return _export(model, target_opset=target_opset, keep_domains=keep_domains, lower=lower)
+
+
+def optimize(model: Any, passes: Any = None, *, debug: bool = False):
+    """Run the default pass pipeline (or ``passes``: names or Pass objects) and return the
+    IR model; nothing the model declares (struct types, encoded initializers, bindings,
+    aliases) is dropped. ``debug`` checks every invariant between passes."""
+    from onnxforge.passes.pipeline import optimize as _optimize
+
+    return _optimize(load(model), passes=passes, debug=debug)
 
 
 def infer_shapes(model: Any, *, strict: bool = False):

@@ -4,6 +4,9 @@
                                                   initializer bytes, catalogue, encoded values,
                                                   bindings and aliases (--values: every value's type)
     onnxforge verify MODEL [--json]               static rules; exit 1 on any violation
+    onnxforge optimize MODEL -o OUT [--passes a,b] [--debug]
+                                                  default pipeline (or the named passes), with a
+                                                  report: nodes, initializers, bytes, time per pass
     onnxforge export MODEL -o DIR                 standard ONNX + feedback.json (+ genai_config.json)
     onnxforge demo [-o DIR]                       the built-in stateful decoder through the toolchain
 
@@ -97,6 +100,61 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def _model_stats(model) -> dict[str, int]:
+    inits = [v for g in model.all_graphs() for v in g.all_initializers()]
+    return {"nodes": sum(len(g) for g in model.all_graphs())
+            + sum(len(f) for f in model.functions.values()),
+            "initializers": len(inits),
+            "initializer_bytes": sum(v.const.nbytes for v in inits)}
+
+
+PROGRESS_MIN_NODES = 5_000
+
+
+def _cmd_optimize(args: argparse.Namespace) -> int:
+    import time
+
+    from tqdm import tqdm
+
+    from onnxforge.api import save
+    from onnxforge.passes.pipeline import DEFAULT_PIPELINE, default_pass_manager
+
+    t0 = time.perf_counter()
+    model = _load_ir(args.model)
+    load_s = time.perf_counter() - t0
+    before = _model_stats(model)
+    names = [p.strip() for p in args.passes.split(",")] if args.passes else list(DEFAULT_PIPELINE)
+    bar = tqdm(total=len(names), desc="optimize", unit="pass", file=sys.stderr,
+               disable=args.quiet or before["nodes"] < PROGRESS_MIN_NODES)
+
+    def progress(record) -> None:
+        bar.set_postfix_str(f"{record.name}: {record.nodes_after} nodes")
+        bar.update(1)
+
+    pm = default_pass_manager(names, debug=args.debug, progress=progress)
+    pm(model)
+    bar.close()
+    after = _model_stats(model)
+    t1 = time.perf_counter()
+    save(model, args.output)
+    save_s = time.perf_counter() - t1
+    report = {"load_seconds": round(load_s, 4), "save_seconds": round(save_s, 4),
+              "before": before, "after": after,
+              "passes": [{"name": r.name, "seconds": round(r.seconds, 4), "modified": r.modified,
+                          "nodes_before": r.nodes_before, "nodes_after": r.nodes_after}
+                         for r in pm.records]}
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    print(f"{'':<20} {'before':>14} {'after':>14}")
+    for key in ("nodes", "initializers", "initializer_bytes"):
+        print(f"{key:<20} {before[key]:>14,} {after[key]:>14,}")
+    print()
+    print(pm.report())
+    print(f"\nload {load_s:.3f} s, save {save_s:.3f} s -> {args.output}")
+    return 0
+
+
 def _cmd_export(args: argparse.Namespace) -> int:
     from onnxforge.passes.export import export_to_dir
 
@@ -148,6 +206,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     insp.add_argument("--values", action="store_true",
                       help="also list every value's inferred (symbolic) type")
+
+    opt = sub.add_parser("optimize", help="run the optimization pipeline and save the result")
+    opt.add_argument("model", help="model path or builtin:decoder")
+    opt.add_argument("-o", "--output", required=True, help="output model path")
+    opt.add_argument("--passes", help="comma-separated pass names (default: the default pipeline)")
+    opt.add_argument("--debug", action="store_true", help="check invariants after every pass")
+    opt.add_argument("--json", action="store_true", help="print the report as JSON")
+    opt.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    opt.set_defaults(func=_cmd_optimize)
 
     exp = sub.add_parser("export", help="lower to standard ONNX and write a folder")
     exp.add_argument("model", help="model path or builtin:decoder")

@@ -1,1 +1,121 @@
-"""passes layer (see DESIGN.md)."""
+"""passes layer: analyses and rewrites over the IR (see DESIGN.md).
+
+Pass framework (:mod:`.manager`), invariants and side-effect analysis
+(:mod:`.invariants`), and the passes that lose nothing: dead-code elimination,
+common-subexpression elimination, initializer deduplication, identity
+elimination, topological sort, constant folding, local-function inlining,
+value renaming and declarative rewrite rules. ``optimize(model)`` runs the
+default pipeline.
+"""
+from __future__ import annotations
+
+from onnxforge.passes.analyses import AliasAnalysisPass, ShapeInferencePass, alias_roots
+from onnxforge.passes.cse import (
+    CommonSubexpressionEliminationPass,
+    eliminate_common_subexpressions,
+)
+from onnxforge.passes.dce import DeadCodeEliminationPass, eliminate_dead_code
+from onnxforge.passes.dedup import DeduplicateInitializersPass, deduplicate_initializers
+from onnxforge.passes.fold import (
+    ConstantFoldingPass,
+    LiftConstantsPass,
+    fold_constants,
+    lift_constants,
+)
+from onnxforge.passes.identity import IdentityEliminationPass, eliminate_identities
+from onnxforge.passes.inline import InlineError, InlinePass, inline_functions
+from onnxforge.passes.invariants import (
+    EffectAnalysis,
+    InvariantError,
+    check_invariants,
+    ir_violations,
+)
+from onnxforge.passes.manager import (
+    Pass,
+    PassError,
+    PassManager,
+    PassOrderError,
+    PassRecord,
+    PassResult,
+    check_order,
+    get_pass,
+    list_passes,
+    register_pass,
+)
+from onnxforge.passes.pipeline import DEFAULT_PIPELINE, default_pass_manager, optimize
+from onnxforge.passes.rename import (
+    NameScope,
+    RenameError,
+    RenamePass,
+    rename_value,
+    replace_value,
+)
+from onnxforge.passes.rewrite import (
+    DEFAULT_RULES,
+    Capture,
+    Const,
+    Match,
+    Pattern,
+    RewriteError,
+    RewritePass,
+    Rule,
+    RuleTable,
+    apply_rules,
+)
+from onnxforge.passes.topo import CycleError, TopologicalSortPass, topological_sort
+
+__all__ = [
+    "AliasAnalysisPass",
+    "ShapeInferencePass",
+    "alias_roots",
+    "DEFAULT_PIPELINE",
+    "DEFAULT_RULES",
+    "Capture",
+    "CommonSubexpressionEliminationPass",
+    "Const",
+    "ConstantFoldingPass",
+    "CycleError",
+    "DeadCodeEliminationPass",
+    "DeduplicateInitializersPass",
+    "EffectAnalysis",
+    "IdentityEliminationPass",
+    "InlineError",
+    "InlinePass",
+    "InvariantError",
+    "LiftConstantsPass",
+    "Match",
+    "NameScope",
+    "Pass",
+    "PassError",
+    "PassManager",
+    "PassOrderError",
+    "PassRecord",
+    "PassResult",
+    "Pattern",
+    "RenameError",
+    "RenamePass",
+    "RewriteError",
+    "RewritePass",
+    "Rule",
+    "RuleTable",
+    "TopologicalSortPass",
+    "apply_rules",
+    "check_invariants",
+    "check_order",
+    "deduplicate_initializers",
+    "default_pass_manager",
+    "eliminate_common_subexpressions",
+    "eliminate_dead_code",
+    "eliminate_identities",
+    "fold_constants",
+    "get_pass",
+    "inline_functions",
+    "ir_violations",
+    "lift_constants",
+    "list_passes",
+    "optimize",
+    "register_pass",
+    "rename_value",
+    "replace_value",
+    "topological_sort",
+]

@@ -118,3 +118,24 @@ def test_demo_runs_end_to_end(tmp_path):
     assert (tmp_path / "demo" / "decoder.onnx").exists()
     assert (tmp_path / "demo" / "decoder.standard.onnx").exists()
     assert "6. onnxruntime decoded 8 tokens" in text
+
+
+def test_optimize_reports_and_preserves_declarations(tmp_path, capsys):
+    import onnxforge as of
+
+    out = tmp_path / "opt.onnx"
+    assert main(["optimize", "builtin:decoder", "-o", str(out), "--json", "--debug"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert [p["name"] for p in report["passes"]][-1] == "dce"
+    assert report["after"]["nodes"] <= report["before"]["nodes"]
+    m = of.load(str(out))
+    of.verify(m)
+    assert len(m.graph.bindings) == 4
+    assert len(m.graph.encoded_initializers) == 5
+    assert sum(1 for n in m.graph if n.op_type == "CacheUpdate") == 4
+
+
+def test_optimize_unknown_pass_is_a_clean_error(tmp_path, capsys):
+    assert main(["optimize", "builtin:decoder", "-o", str(tmp_path / "o.onnx"),
+                 "--passes", "nonsense"]) == 2
+    assert "nonsense" in capsys.readouterr().err

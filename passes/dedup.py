@@ -1,0 +1,124 @@
+"""Initializer deduplication, dense and encoded.
+
+Initializers of one graph holding the same value are merged into the first
+one; uses of the others read it and the others are removed. "The same value"
+means equal payload bytes *and* equal meaning: a dense tensor's element type and
+dims, an encoded value's layout (affine parameters or struct type), logical
+type and value type. Equal bytes with a different dtype, shape, layout or
+logical type are not duplicates.
+
+Before / after::
+
+    graph(x) -> y                          graph(x) -> y
+      init a = float32[4] {1, 2, 3, 4}       init a = float32[4] {1, 2, 3, 4}
+      init b = float32[4] {1, 2, 3, 4}       init c = int32[4] (same bytes as a)
+      init c = int32[4] (same bytes as a)    t = Add(x, a)
+      t = Add(x, a)                          y = Mul(t, a)
+      y = Mul(t, b)
+
+Payloads are read only for candidates: initializers are first grouped by
+(type, dims, byte length) without reading bytes; within a group each payload is
+hashed once with blake2b and, on a hash hit, compared byte for byte. Graph
+inputs with a default (initializers that are also inputs) and initializers
+that are graph outputs are never merged away.
+"""
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from onnx import TensorProto
+
+from onnxforge.graphbuilder.ir import Graph, Model, Value
+from onnxforge.graphbuilder.tensors import EncodedTensor, Tensor
+from onnxforge.passes.manager import Pass, PassResult, register_pass
+from onnxforge.passes.rename import replace_value
+
+__all__ = ["DeduplicateInitializersPass", "deduplicate_initializers"]
+
+
+def _dense_group(t: Tensor) -> tuple:
+    return ("dense", t.dtype, t.dims, t.nbytes)
+
+
+def _dense_bytes(t: Tensor) -> Any:
+    if t.dtype == TensorProto.STRING:
+        return repr(t.numpy().tolist()).encode()
+    return t.tobytes()
+
+
+def _encoded_group(v: Value, t: EncodedTensor) -> tuple | None:
+    h = t.header
+    payload = t.payload
+    if len(payload) != t.nbytes:  # payload not reachable without reading external data
+        return None
+    layout: tuple = (h.affine, h.struct_type, h.logical_type, h.has_logical_type, v.type)
+    try:
+        hash(layout)
+    except TypeError:
+        layout = (t.content_key()[0], repr(h.logical_type), repr(v.type))
+    return ("encoded", layout, len(payload))
+
+
+def _merge_group(g: Graph, members: list[tuple[Value, Any]]) -> int:
+    """``members``: (value, payload) pairs of one group; merge equal payloads."""
+    kept: dict[bytes, list[tuple[Value, Any]]] = {}
+    removed = 0
+    for v, data in members:
+        digest = hashlib.blake2b(data, digest_size=32).digest()
+        same = kept.setdefault(digest, [])
+        target = None
+        for kv, kdata in same:
+            if kdata == data or bytes(kdata) == bytes(data):
+                target = kv
+                break
+        if target is None:
+            same.append((v, data))
+            continue
+        if replace_value(v, target):
+            g.remove_initializer(v)
+            removed += 1
+    return removed
+
+
+def _dedup_graph(g: Graph) -> int:
+    inputs = {id(v) for v in g.inputs}  # overridable at run time: never merged either way
+    outputs = {id(v) for v in g.outputs}  # may be kept, never dropped
+    groups: dict[tuple, list[Value]] = {}
+    for v in g.all_initializers():
+        if id(v) in inputs:
+            continue
+        t = v.const
+        if isinstance(t, EncodedTensor):
+            key = _encoded_group(v, t)
+        elif isinstance(t, Tensor):
+            key = _dense_group(t)
+        else:
+            key = None
+        if key is not None:
+            groups.setdefault(key, []).append(v)
+    removed = 0
+    for values in groups.values():
+        if len(values) < 2:
+            continue
+        values.sort(key=lambda v: id(v) not in outputs)  # stable: outputs become the kept ones
+        members = [(v, v.const.payload if isinstance(v.const, EncodedTensor) else _dense_bytes(v.const))
+                   for v in values]
+        removed += _merge_group(g, members)
+    return removed
+
+
+def deduplicate_initializers(model: Model) -> int:
+    """Merge equal initializers in every graph and subgraph; returns how many were removed."""
+    return sum(_dedup_graph(g) for g in list(model.graph.all_graphs()))
+
+
+@register_pass
+class DeduplicateInitializersPass(Pass):
+    """Merge initializers holding the same bytes with the same meaning (module docstring)."""
+
+    name = "dedup_initializers"
+    runs_after = ("constant_folding",)
+
+    def call(self, model: Model) -> PassResult:
+        return PassResult(model, deduplicate_initializers(model) > 0)

@@ -1,0 +1,64 @@
+"""Identity elimination.
+
+``y = Identity(x)`` is removed and every use of ``y`` reads ``x``. When ``y`` is a
+graph (or function) output, ``x`` takes over its name, declared type, alias and
+persistent binding, so the interface is unchanged; when that is impossible (``x``
+is a graph input, an initializer, an outer-scope value or itself an output) the
+Identity stays.
+
+Before / after::
+
+    graph(x) -> y                     graph(x) -> y
+      a = Relu(x)                       y = Relu(x)
+      b = Identity(a)
+      y = Identity(b)
+
+    graph(cache RW, v, p) -> present, bind cache <- present
+      u = CacheUpdate(cache, v, p)      present = CacheUpdate(cache, v, p)
+      present = Identity(u)             (present.alias_of = cache; binding kept)
+
+One walk over the nodes of each graph, subgraph and function body: O(N).
+"""
+from __future__ import annotations
+
+from onnxforge.graphbuilder.ir import Function, Graph, Model
+from onnxforge.passes.invariants import containers
+from onnxforge.passes.manager import Pass, PassResult, register_pass
+from onnxforge.passes.rename import erase_node, replace_value
+
+__all__ = ["IdentityEliminationPass", "eliminate_identities"]
+
+_DOMAINS = ("", "ai.onnx")
+
+
+def _eliminate(c: Graph | Function) -> int:
+    removed = 0
+    for n in c:
+        if n.op_type != "Identity" or n.domain not in _DOMAINS or len(n.outputs) != 1:
+            continue
+        ins = n.inputs
+        if len(ins) != 1 or ins[0] is None or n.output_alias:
+            continue
+        y, x = n.outputs[0], ins[0]
+        if y.alias_of is not None and y.alias_of is not x.alias_root() and y.alias_of is not x:
+            continue
+        if replace_value(y, x):
+            erase_node(n)
+            removed += 1
+    return removed
+
+
+def eliminate_identities(model: Model) -> int:
+    """Remove every Identity node that can go; returns how many were removed."""
+    return sum(_eliminate(c) for c in list(containers(model)))
+
+
+@register_pass
+class IdentityEliminationPass(Pass):
+    """Remove ``Identity`` nodes, forwarding their input (see the module docstring)."""
+
+    name = "identity_elimination"
+    runs_after = ("inline",)
+
+    def call(self, model: Model) -> PassResult:
+        return PassResult(model, eliminate_identities(model) > 0)

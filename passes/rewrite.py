@@ -1,0 +1,646 @@
+"""Declarative rewrite rules: a table of (pattern -> replacement) pairs and one driver.
+
+A :class:`Pattern` matches a node by operator, inputs and attributes; an input
+is a sub-pattern (the value's producer must match it), a :class:`Capture`
+(any value, bound by name; a name used twice must bind the same value) or a
+:class:`Const` (a known constant, bound with its numpy value). A
+:class:`Rule` pairs a pattern with a function of the :class:`Match` that
+returns the replacement value(s), or None to decline. Tables compose with
+``+``::
+
+    # x * 1 -> x  (scalar 1: broadcasting leaves x unchanged)
+    mul_by_one = Rule(Pattern("Mul", "x", Const("one", lambda c: c.ndim == 0 and c == 1)),
+                      lambda m: m["x"], "mul_by_one")
+
+    table = DEFAULT_RULES + RuleTable([mul_by_one])
+    apply_rules(model, table)
+
+:func:`apply_rules` drives a table to a fixed point with a worklist: after a
+rewrite, the new nodes and the consumers of the replacing values are looked at
+again. More than ``max_rewrites`` rewrites (default 10 per node plus 1000)
+means the rules do not terminate: :class:`RewriteError` names the rules that
+fired most. Nodes with side effects are never matched, inside or at the root
+of a pattern. A replacement node goes right before the root; the root and the
+matched nodes nobody else uses are removed; a root output that is a graph
+output hands its name, type, alias and binding over (or the rule is declined).
+
+Before / after with :data:`DEFAULT_RULES`::
+
+    a = Transpose(x, perm=[1, 0])
+    b = Transpose(a, perm=[1, 0])           y = Neg(x)
+    c = Mul(b, one)      # one = 1.0
+    m = Max(c, c)
+    y = Neg(m)
+"""
+from __future__ import annotations
+
+from collections import Counter, deque
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from onnxforge.errors import OnnxforgeError
+from onnxforge.graphbuilder.ir import (
+    Attr,
+    AttrType,
+    Function,
+    Graph,
+    Model,
+    Node,
+    Value,
+)
+from onnxforge.graphbuilder.tensors import Tensor, onnx_dtype
+from onnxforge.passes.fold import constant_value
+from onnxforge.passes.invariants import EffectAnalysis, containers
+from onnxforge.passes.manager import Pass, PassResult, register_pass
+from onnxforge.passes.rename import NameScope, can_replace, erase_node, replace_value
+from onnxforge.proto_ext.types import TensorType
+
+__all__ = [
+    "DEFAULT_RULES",
+    "Capture",
+    "Const",
+    "Match",
+    "Pattern",
+    "RewriteError",
+    "RewritePass",
+    "Rule",
+    "RuleTable",
+    "apply_rules",
+]
+
+Container = Graph | Function
+
+
+class RewriteError(OnnxforgeError, RuntimeError):
+    """Rewriting did not reach a fixed point (rules undo each other or grow without end)."""
+
+
+# ----------------------------------------------------------------------------- patterns
+
+
+@dataclass(frozen=True, slots=True)
+class Capture:
+    """Matches any (present) value and binds it to ``name``; ``where`` filters it."""
+
+    name: str
+    where: Callable[[Value], bool] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Const:
+    """Matches a known dense constant, bound to ``name``; ``where`` tests its numpy value."""
+
+    name: str
+    where: Callable[[np.ndarray], bool] | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class Pattern:
+    """Matches a node: ``op`` in ``domain``, inputs matching ``inputs`` one by one.
+
+    ``attrs`` maps an attribute name to a required value or a predicate of its
+    value (None when absent). ``output`` is the port a sub-pattern's value must
+    come from; ``name`` binds the matched node in the :class:`Match`. A string
+    input is shorthand for ``Capture(name)``.
+    """
+
+    op: str
+    inputs: tuple[Any, ...] = ()
+    domain: str = ""
+    attrs: Mapping[str, Any] = field(default_factory=dict)
+    name: str | None = None
+    output: int = 0
+
+    def __init__(self, op: str, *inputs: Any, domain: str = "", attrs: Mapping[str, Any] | None = None,
+                 name: str | None = None, output: int = 0):
+        object.__setattr__(self, "op", op)
+        object.__setattr__(self, "inputs", tuple(Capture(i) if isinstance(i, str) else i for i in inputs))
+        object.__setattr__(self, "domain", domain)
+        object.__setattr__(self, "attrs", dict(attrs or {}))
+        object.__setattr__(self, "name", name)
+        object.__setattr__(self, "output", output)
+
+
+class _Ops:
+    """``m.op.Name(*inputs, **attrs)``: creates a replacement node, returns its output(s)."""
+
+    __slots__ = ("_domain", "_match")
+
+    def __init__(self, match: Match, domain: str = ""):
+        self._match = match
+        self._domain = domain
+
+    def __getitem__(self, domain: str) -> _Ops:
+        return _Ops(self._match, domain)
+
+    def __getattr__(self, op_type: str) -> Callable[..., Any]:
+        if op_type.startswith("_"):
+            raise AttributeError(op_type)
+
+        def make(*inputs: Value | None, _outputs: int = 1, **attrs: Any) -> Any:
+            return self._match.make_node(self._domain, op_type, inputs, _outputs, attrs)
+
+        return make
+
+
+def _attr(name: str, value: Any) -> Attr:
+    if isinstance(value, Attr):
+        return Attr(name, value.type, value.value, value.doc_string, value.ref_attr_name, value.extra)
+    if isinstance(value, (bool, int, np.integer)):
+        return Attr(name, AttrType.INT, int(value))
+    if isinstance(value, (float, np.floating)):
+        return Attr(name, AttrType.FLOAT, float(value))
+    if isinstance(value, str):
+        return Attr(name, AttrType.STRING, value.encode())
+    if isinstance(value, bytes):
+        return Attr(name, AttrType.STRING, value)
+    if isinstance(value, np.ndarray):
+        return Attr(name, AttrType.TENSOR, Tensor.from_numpy(value))
+    if isinstance(value, Tensor):
+        return Attr(name, AttrType.TENSOR, value)
+    if isinstance(value, (list, tuple)):
+        if all(isinstance(v, (bool, int, np.integer)) for v in value):
+            return Attr(name, AttrType.INTS, [int(v) for v in value])
+        if all(isinstance(v, (int, float, np.integer, np.floating)) for v in value):
+            return Attr(name, AttrType.FLOATS, [float(v) for v in value])
+    raise RewriteError(f"replacement attribute {name!r}: unsupported value {type(value).__name__}")
+
+
+class Match:
+    """A successful match: ``m["x"]`` captured values, ``m.const("c")`` constants,
+    ``m.node("t")`` named nodes, ``m.root``; ``m.op.X(...)`` builds replacement nodes."""
+
+    __slots__ = ("_scope", "consts", "matched", "new_nodes", "nodes", "op", "root", "values")
+
+    def __init__(self, root: Node, scope: Callable[[], NameScope]):
+        self.root = root
+        self.values: dict[str, Value] = {}
+        self.consts: dict[str, np.ndarray] = {}
+        self.nodes: dict[str, Node] = {}
+        self.matched: list[Node] = []
+        self.new_nodes: list[Node] = []
+        self._scope = scope
+        self.op = _Ops(self)
+
+    def __getitem__(self, name: str) -> Value:
+        return self.values[name]
+
+    def const(self, name: str) -> np.ndarray:
+        return self.consts[name]
+
+    def node(self, name: str) -> Node:
+        return self.nodes[name]
+
+    def make_node(self, domain: str, op_type: str, inputs: Sequence[Value | None], outputs: int,
+                  attrs: Mapping[str, Any]) -> Any:
+        scope = self._scope()
+        base = self.root.name or op_type
+        outs = [Value(scope.fresh(f"{base}_{op_type}")) for _ in range(outputs)]
+        node = Node(domain, op_type, list(inputs), outs, name=scope.fresh(f"{base}_{op_type}"),
+                    attributes=[_attr(k, v) for k, v in attrs.items() if v is not None])
+        self.new_nodes.append(node)
+        return outs[0] if outputs == 1 else tuple(outs)
+
+    def constant(self, array: Any) -> Value:
+        """A new ``Constant`` node holding ``array`` (constant folding lifts it later)."""
+        return self.make_node("", "Constant", [], 1, {"value": np.asarray(array)})
+
+    def discard(self) -> None:
+        for n in self.new_nodes:
+            n.detach_inputs()
+        self.new_nodes.clear()
+
+
+Replacement = Callable[[Match], "Value | Sequence[Value] | None"]
+
+
+@dataclass(frozen=True)
+class Rule:
+    """``pattern`` -> ``replace(match)``; ``name`` labels the rule in reports and errors."""
+
+    pattern: Pattern
+    replace: Replacement
+    name: str = ""
+
+    @property
+    def label(self) -> str:
+        return self.name or getattr(self.replace, "__name__", self.pattern.op)
+
+
+class RuleTable:
+    """An ordered collection of rules, indexed by root operator; ``a + b`` concatenates."""
+
+    def __init__(self, rules: Iterable[Rule] = ()):
+        self.rules: tuple[Rule, ...] = tuple(rules)
+        self.index: dict[tuple[str, str], list[Rule]] = {}
+        for r in self.rules:
+            if not isinstance(r, Rule):
+                raise RewriteError(f"a RuleTable holds Rule objects, got {type(r).__name__}")
+            dom = "" if r.pattern.domain == "ai.onnx" else r.pattern.domain
+            self.index.setdefault((dom, r.pattern.op), []).append(r)
+
+    def __add__(self, other: RuleTable | Iterable[Rule]) -> RuleTable:
+        more = other.rules if isinstance(other, RuleTable) else tuple(other)
+        return RuleTable(self.rules + more)
+
+    def __iter__(self) -> Iterator[Rule]:
+        return iter(self.rules)
+
+    def __len__(self) -> int:
+        return len(self.rules)
+
+    def rules_for(self, node: Node) -> list[Rule]:
+        dom = "" if node.domain == "ai.onnx" else node.domain
+        return self.index.get((dom, node.op_type), [])
+
+
+# ----------------------------------------------------------------------------- matching
+
+
+def _domain_eq(a: str, b: str) -> bool:
+    return (a or "ai.onnx") == (b or "ai.onnx")
+
+
+class _Matcher:
+    def __init__(self, effects: EffectAnalysis):
+        self.effects = effects
+        # (id(Const pattern), id(value)) -> the constant if it passed the test, else None.
+        # Values keep their constness while rewriting, and deduplicated initializers are
+        # shared by many nodes, so each test runs once per distinct value.
+        self._consts: dict[tuple[int, int], tuple[Value, np.ndarray | None]] = {}
+
+    def node(self, p: Pattern, n: Node, m: Match, c: Container) -> bool:
+        if n.op_type != p.op or not _domain_eq(n.domain, p.domain):
+            return False
+        ins = n.inputs
+        if len(ins) != len(p.inputs):
+            return False
+        for name, want in p.attrs.items():
+            got = n.attr(name)
+            if callable(want):
+                if not want(got):
+                    return False
+            elif got != want and not (isinstance(got, list) and list(want) == got):
+                return False
+        for pin, v in zip(p.inputs, ins):
+            if not self.value(pin, v, m, c):
+                return False
+        if p.name:
+            m.nodes[p.name] = n
+        m.matched.append(n)
+        return True
+
+    def value(self, pin: Any, v: Value | None, m: Match, c: Container) -> bool:
+        if pin is None:
+            return v is None
+        if v is None:
+            return False
+        if isinstance(pin, Capture):
+            bound = m.values.get(pin.name)
+            if bound is not None:
+                return bound is v
+            if pin.where is not None and not pin.where(v):
+                return False
+            m.values[pin.name] = v
+            return True
+        if isinstance(pin, Const):
+            bound = m.values.get(pin.name)
+            if bound is not None:
+                return bound is v
+            key = (id(pin), id(v))
+            hit = self._consts.get(key)
+            if hit is not None and hit[0] is v:
+                arr = hit[1]
+            else:
+                arr = constant_value(v)
+                if arr is not None and pin.where is not None and not pin.where(arr):
+                    arr = None
+                self._consts[key] = (v, arr)  # the value is kept alive: its id stays unique
+            if arr is None:
+                return False
+            m.values[pin.name] = v
+            m.consts[pin.name] = arr
+            return True
+        if isinstance(pin, Pattern):
+            p = v.producer()
+            if p is None or p.graph is not c or v.index != pin.output:
+                return False
+            if self.effects.has_side_effects(p):
+                return False
+            return self.node(pin, p, m, c)
+        raise RewriteError(f"pattern input {pin!r} is not a Pattern, Capture, Const or name")
+
+
+# ----------------------------------------------------------------------------- driver
+
+
+class _Driver:
+    def __init__(self, model: Model, table: RuleTable):
+        self.model = model
+        self.table = table
+        self.effects = EffectAnalysis(model)
+        self.matcher = _Matcher(self.effects)
+        self._scope: NameScope | None = None
+        self.count = 0
+        self.fired: Counter[str] = Counter()
+
+    def scope(self) -> NameScope:
+        if self._scope is None:
+            self._scope = NameScope.from_model(self.model)
+        return self._scope
+
+    def run(self, c: Container, limit: int) -> None:
+        table = self.table
+        queue: deque[Node] = deque(n for n in c if table.rules_for(n))
+        queued = {id(n) for n in queue}
+        while queue:
+            n = queue.popleft()
+            queued.discard(id(n))
+            if n.graph is not c:
+                continue
+            for rule in table.rules_for(n):
+                touched = self.apply(c, n, rule)
+                if touched is None:
+                    continue
+                self.count += 1
+                self.fired[rule.label] += 1
+                if self.count > limit:
+                    top = ", ".join(f"{k} x{v}" for k, v in self.fired.most_common(3))
+                    raise RewriteError(f"rewriting made {self.count} rewrites without reaching a fixed "
+                                       f"point (limit {limit}); most applied rules: {top}")
+                for t in touched:
+                    if t.graph is c and id(t) not in queued and table.rules_for(t):
+                        queue.append(t)
+                        queued.add(id(t))
+                break
+
+    def apply(self, c: Container, root: Node, rule: Rule) -> list[Node] | None:
+        if len(root.inputs) != len(rule.pattern.inputs) or self.effects.has_side_effects(root):
+            return None
+        m = Match(root, self.scope)
+        if not self.matcher.node(rule.pattern, root, m, c):
+            return None
+        got = rule.replace(m)
+        if got is None:
+            m.discard()
+            return None
+        results = [got] if isinstance(got, Value) else list(got)
+        outs = root.outputs
+        if len(results) != len(outs) or any(not isinstance(r, Value) for r in results):
+            m.discard()
+            raise RewriteError(f"rule {rule.label!r} returned {len(results)} value(s) for "
+                               f"{len(outs)} output(s) of {root!r}")
+        if any(r is o for r, o in zip(results, outs)) or not all(
+                can_replace(o, r) or (not o.num_uses() and not c.is_output(o))
+                for o, r in zip(outs, results)):
+            m.discard()
+            return None
+        for n in m.new_nodes:
+            c.insert_before(root, n)
+        touched: list[Node] = list(m.new_nodes)
+        for o, r in zip(outs, results):
+            if r.type is None and o.type is not None:
+                r.type = o.type
+            for user, _ in o.uses():
+                touched.append(user)
+            if o.num_uses() or c.is_output(o):
+                replace_value(o, r)
+        erase_node(root)
+        for n in reversed(m.matched):
+            if n is root or n.graph is not c:
+                continue
+            if any(o.num_uses() or c.is_output(o) for o in n.outputs):
+                continue
+            for v in erase_node(n):
+                p = v.producer()
+                if p is not None and p.graph is c:
+                    touched.append(p)
+        for r in results:
+            touched.extend(u for u, _ in r.uses())
+        return touched
+
+
+def apply_rules(model: Model, table: RuleTable | None = None, *, max_rewrites: int | None = None) -> int:
+    """Apply ``table`` (default :data:`DEFAULT_RULES`) everywhere until no rule applies.
+
+    Returns the number of rewrites; raises :class:`RewriteError` past ``max_rewrites``
+    (default: 10 per node of the model plus 1000).
+    """
+    table = DEFAULT_RULES if table is None else table
+    if not len(table):
+        return 0
+    drv = _Driver(model, table)
+    all_c = list(containers(model))
+    limit = max_rewrites if max_rewrites is not None else 10 * sum(len(c) for c in all_c) + 1000
+    for c in all_c:
+        drv.run(c, limit)
+    return drv.count
+
+
+# ----------------------------------------------------------------------------- default rules
+
+
+def _all(value: float) -> Callable[[np.ndarray], bool]:
+    def test(a: np.ndarray) -> bool:
+        return a.dtype.kind in "biuf" and a.size > 0 and bool(np.all(a == value))
+    return test
+
+
+def _zero_for_add(a: np.ndarray) -> bool:
+    # x + (-0.0) == x for every float x (also -0.0); x + (+0.0) turns -0.0 into +0.0.
+    if a.dtype.kind in "iu":
+        return a.size > 0 and not a.any()
+    return a.dtype.kind == "f" and a.size > 0 and bool(np.all((a == 0) & np.signbit(a)))
+
+
+def _zero_for_sub(a: np.ndarray) -> bool:
+    # x - (+0.0) == x for every float x; x - (-0.0) turns -0.0 into +0.0.
+    if a.dtype.kind in "iu":
+        return a.size > 0 and not a.any()
+    return a.dtype.kind == "f" and a.size > 0 and bool(np.all((a == 0) & ~np.signbit(a)))
+
+
+def _static_shape(v: Value) -> tuple[int, ...] | None:
+    t = v.type
+    if isinstance(t, TensorType) and t.shape is not None and all(type(d) is int for d in t.shape):
+        return tuple(t.shape)
+    return None
+
+
+def _rank(v: Value) -> int | None:
+    t = v.type
+    return len(t.shape) if isinstance(t, TensorType) and t.shape is not None else None
+
+
+def _broadcast_keeps(x: Value, c: np.ndarray) -> bool:
+    """Broadcasting constant ``c`` against ``x`` leaves ``x``'s shape and type unchanged."""
+    t = x.type
+    if isinstance(t, TensorType):
+        try:
+            if onnx_dtype(c.dtype) != t.elem_type:
+                return False
+        except (ValueError, TypeError, KeyError, OnnxforgeError):
+            return False
+    if c.ndim == 0:
+        return True
+    if not isinstance(t, TensorType) or t.shape is None or len(t.shape) < c.ndim:
+        return False
+    for cd, xd in zip(reversed(c.shape), reversed(t.shape)):
+        if cd != 1 and not (type(xd) is int and xd == cd):
+            return False
+    return True
+
+
+def _identity_if_keeps(cap: str, const: str) -> Replacement:
+    def replace(m: Match) -> Value | None:
+        return m[cap] if _broadcast_keeps(m[cap], m.const(const)) else None
+    replace.__name__ = f"keep_{cap}"
+    return replace
+
+
+def _same(m: Match) -> Value:
+    return m["x"]
+
+
+def _perm(node: Node, x: Value) -> list[int] | None:
+    perm = node.attr("perm")
+    if perm is not None:
+        return [int(p) for p in perm]
+    r = _rank(x)
+    return None if r is None else list(range(r - 1, -1, -1))
+
+
+def _compose_transposes(m: Match) -> Value | None:
+    inner, outer = m.node("inner"), m.root
+    p = _perm(inner, m["x"])
+    if p is None:
+        return None
+    q = _perm(outer, inner.outputs[0])
+    if q is None or len(p) != len(q):
+        return None
+    r = [p[i] for i in q]
+    if r == list(range(len(r))):
+        return m["x"]
+    return m.op.Transpose(m["x"], perm=r)
+
+
+def _no_copy_zeros(m: Match) -> bool:
+    return m.root.attr("allowzero", 0) == 1 or not bool(np.any(m.const("b") == 0))
+
+
+def _collapse_reshapes(m: Match) -> Value | None:
+    if not _no_copy_zeros(m):
+        return None
+    allowzero = m.root.attr("allowzero")
+    return m.op.Reshape(m["x"], m["b"], allowzero=allowzero)
+
+
+def _reshape_noop(m: Match) -> Value | None:
+    shape = _static_shape(m["x"])
+    if shape is None:
+        return None
+    target = [int(d) for d in m.const("s").reshape(-1)]
+    if len(target) != len(shape):
+        return None
+    zero_copies = m.root.attr("allowzero", 0) != 1
+    known = [shape[i] if (d == 0 and zero_copies) else d for i, d in enumerate(target)]
+    if known.count(-1) == 1:
+        rest = [d for d in known if d != -1]
+        if all(d > 0 for d in rest) and all(d > 0 for d in shape):
+            total = int(np.prod(shape))
+            known[known.index(-1)] = total // int(np.prod(rest)) if rest else total
+    return m["x"] if tuple(known) == shape else None
+
+
+def _cast_noop(m: Match) -> Value | None:
+    t = m["x"].type
+    if isinstance(t, TensorType) and t.elem_type == m.root.attr("to"):
+        return m["x"]
+    return None
+
+
+def _axes_of(node: Node, const: np.ndarray | None) -> list[int] | None:
+    if const is not None:
+        return [int(a) for a in const.reshape(-1)]
+    got = node.attr("axes")
+    return None if got is None else [int(a) for a in got]
+
+
+def _squeeze_unsqueeze(m: Match) -> Value | None:
+    inner = m.node("inner")
+    a = _axes_of(inner, m.consts.get("a"))
+    b = _axes_of(m.root, m.consts.get("b"))
+    return m["x"] if a is not None and a == b else None
+
+
+def _rules() -> RuleTable:
+    one, zero = _all(1), _zero_for_add
+    rules = [
+        # x * 1 -> x
+        Rule(Pattern("Mul", "x", Const("c", one)), _identity_if_keeps("x", "c"), "mul_by_one"),
+        # 1 * x -> x
+        Rule(Pattern("Mul", Const("c", one), "x"), _identity_if_keeps("x", "c"), "one_mul"),
+        # x / 1 -> x
+        Rule(Pattern("Div", "x", Const("c", one)), _identity_if_keeps("x", "c"), "div_by_one"),
+        # x + 0 -> x  (integers; floats only for -0.0, the additive identity of IEEE 754)
+        Rule(Pattern("Add", "x", Const("c", zero)), _identity_if_keeps("x", "c"), "add_zero"),
+        # 0 + x -> x  (same condition)
+        Rule(Pattern("Add", Const("c", zero), "x"), _identity_if_keeps("x", "c"), "zero_add"),
+        # x - 0 -> x  (integers; floats only for +0.0)
+        Rule(Pattern("Sub", "x", Const("c", _zero_for_sub)), _identity_if_keeps("x", "c"), "sub_zero"),
+        # Max(x, x) -> x ; Min(x, x) -> x  (idempotent)
+        Rule(Pattern("Max", "x", "x"), _same, "max_idempotent"),
+        Rule(Pattern("Min", "x", "x"), _same, "min_idempotent"),
+        # And(x, x) -> x ; Or(x, x) -> x  (idempotent)
+        Rule(Pattern("And", "x", "x"), _same, "and_idempotent"),
+        Rule(Pattern("Or", "x", "x"), _same, "or_idempotent"),
+        # Neg(Neg(x)) -> x ; Not(Not(x)) -> x  (involutions)
+        Rule(Pattern("Neg", Pattern("Neg", "x")), _same, "double_neg"),
+        Rule(Pattern("Not", Pattern("Not", "x")), _same, "double_not"),
+        # Transpose(Transpose(x, p), q) -> Transpose(x, p∘q), with (p∘q)[i] = p[q[i]];
+        # -> x when p∘q is the identity permutation
+        Rule(Pattern("Transpose", Pattern("Transpose", "x", name="inner")), _compose_transposes,
+             "compose_transposes"),
+        # Reshape(Reshape(x, a), b) -> Reshape(x, b)  (b constant, no 0 that copies a dim of a)
+        Rule(Pattern("Reshape", Pattern("Reshape", "x", "a"), Const("b")), _collapse_reshapes,
+             "collapse_reshapes"),
+        # Reshape(x, s) -> x  when the static shape of x already is s
+        Rule(Pattern("Reshape", "x", Const("s")), _reshape_noop, "reshape_noop"),
+        # Cast(x, T) with x already T -> x
+        Rule(Pattern("Cast", "x"), _cast_noop, "cast_noop"),
+        # Squeeze(Unsqueeze(x, a), a) -> x  (opset >= 13: axes are inputs)
+        Rule(Pattern("Squeeze", Pattern("Unsqueeze", "x", Const("a"), name="inner"), Const("b")),
+             _squeeze_unsqueeze, "squeeze_unsqueeze"),
+        # Squeeze(Unsqueeze(x, axes=a), axes=a) -> x  (opset < 13: axes are attributes)
+        Rule(Pattern("Squeeze", Pattern("Unsqueeze", "x", name="inner")), _squeeze_unsqueeze,
+             "squeeze_unsqueeze_attr"),
+        # Concat(x) -> x  (a single input)
+        Rule(Pattern("Concat", "x"), _same, "concat_single"),
+    ]
+    return RuleTable(rules)
+
+
+DEFAULT_RULES: RuleTable = _rules()
+"""The default algebraic rules; each is exact (bit for bit) under its stated condition."""
+
+
+@register_pass
+class RewritePass(Pass):
+    """Apply a :class:`RuleTable` (default :data:`DEFAULT_RULES`) to a fixed point.
+
+    Before / after: ``b = Transpose(Transpose(x, [1, 0]), [1, 0]); y = Mul(b, 1)``
+    becomes ``y = x`` (the uses of ``y`` read ``x``).
+    """
+
+    name = "rewrite"
+    runs_after = ("inline", "constant_folding")
+
+    def __init__(self, table: RuleTable | None = None, *, max_rewrites: int | None = None):
+        self.table = DEFAULT_RULES if table is None else table
+        self.max_rewrites = max_rewrites
+
+    def call(self, model: Model) -> PassResult:
+        return PassResult(model, apply_rules(model, self.table, max_rewrites=self.max_rewrites) > 0)

@@ -1,0 +1,128 @@
+"""Topological sort: stable, scope-aware, never moving a node across a writer of its storage."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto
+
+from onnxforge.graphbuilder.builder import GraphBuilder
+from onnxforge.graphbuilder.ir import READ_WRITE, Alias, Graph, Model, Node, Value
+from onnxforge.graphbuilder.serde import to_onnx
+from onnxforge.passes import (
+    CycleError,
+    TopologicalSortPass,
+    check_invariants,
+    ir_violations,
+)
+from onnxforge.proto_ext.types import TensorType
+
+from tests.passes.helpers import FLOAT, assert_same_outputs, stateful_model
+
+T4 = TensorType(FLOAT, (4,))
+X = {"x": np.array([1.0, -2.0, 3.0, 0.5], np.float32)}
+
+
+def _shuffled() -> tuple[Model, list[Node]]:
+    g = Graph("g")
+    x = g.add_input(Value("x", T4))
+    a = Node("", "Relu", [x], [Value("a", T4)], name="a")
+    b = Node("", "Neg", [a.outputs[0]], [Value("b", T4)], name="b")
+    u = Node("", "Exp", [x], [Value("u", T4)], name="u")  # independent of a and b
+    c = Node("", "Add", [b.outputs[0], u.outputs[0]], [Value("y", T4)], name="c")
+    for n in (c, u, b, a):
+        g.append(n)
+    g.outputs.append(c.outputs[0])
+    return Model(g, opset_imports={"": 21}), [a, b, u, c]
+
+
+def _names(m: Model) -> list[str]:
+    return [n.name for n in m.graph]
+
+
+def test_sorts_and_keeps_original_order_where_free():
+    m, _ = _shuffled()
+    before = to_onnx(m)
+    assert ir_violations(m)
+    assert TopologicalSortPass()(m).modified
+    assert _names(m) == ["u", "a", "b", "c"]  # u came first in the input, and still does
+    assert check_invariants(m) == []
+    assert_same_outputs(before, m, X)
+    assert not TopologicalSortPass()(m).modified
+
+
+def test_already_sorted_graph_is_left_alone():
+    m = stateful_model()
+    order = list(m.graph)
+    assert not TopologicalSortPass()(m).modified
+    assert list(m.graph) == order
+
+
+def test_cycle_is_reported():
+    g = Graph("g")
+    x = g.add_input(Value("x", T4))
+    a = Node("", "Add", [x, None], [Value("a", T4)], name="a")
+    b = Node("", "Neg", [a.outputs[0]], [Value("b", T4)], name="b")
+    a.set_input(1, b.outputs[0])
+    g.append(a)
+    g.append(b)
+    g.outputs.append(b.outputs[0])
+    with pytest.raises(CycleError, match="cycle"):
+        TopologicalSortPass()(Model(g, opset_imports={"": 21}))
+
+
+def _cache_graph(order: str) -> tuple[Model, dict[str, Node]]:
+    g = Graph("g")
+    cache = g.add_input(Value("cache", TensorType(FLOAT, (1, 8, 4)), access=READ_WRITE))
+    vals = g.add_input(Value("vals", TensorType(FLOAT, (1, 1, 4))))
+    pos = g.add_input(Value("pos", TensorType(TensorProto.INT64, ())))
+    w = Node("ai.onnxforge", "CacheUpdate", [cache, vals, pos], [Value("upd", cache.type)],
+             name="W", output_alias=[Alias(0, 0)])
+    r = Node("", "ReduceSum", [cache], [Value("r", TensorType(FLOAT, (1, 1, 1)))], name="R")
+    use_r = Node("", "Neg", [r.outputs[0]], [Value("nr", TensorType(FLOAT, (1, 1, 1)))], name="use_r")
+    use_w = Node("", "Abs", [w.outputs[0]], [Value("aw", cache.type)], name="use_w")
+    nodes = {"W": w, "R": r, "use_r": use_r, "use_w": use_w}
+    for name in order.split():
+        g.append(nodes[name])
+    g.outputs.extend([use_r.outputs[0], use_w.outputs[0]])
+    return Model(g, opset_imports={"": 21, "ai.onnxforge": 1}), nodes
+
+
+def test_a_reader_after_the_write_stays_after_it():
+    # R reads the cache after W wrote it; use_r, listed first, needs R
+    m, _ = _cache_graph("use_r W R use_w")
+    TopologicalSortPass()(m)
+    got = _names(m)
+    assert got.index("W") < got.index("R") < got.index("use_r")
+    assert check_invariants(m) == []
+
+
+def test_a_reader_before_the_write_stays_before_it():
+    # use_w, listed first, needs W; R was listed before W and must stay before it
+    m, _ = _cache_graph("use_w R W use_r")
+    TopologicalSortPass()(m)
+    got = _names(m)
+    assert got.index("R") < got.index("W") < got.index("use_w")
+    assert check_invariants(m) == []
+
+
+def test_outer_values_read_by_a_branch_are_placed_before_the_branching_node():
+    g = GraphBuilder(opset=21)
+    x = g.input("x", FLOAT, [4])
+    cond = g.input("c", TensorProto.BOOL, [])
+    late = Value("late", T4)
+    then_b, else_b = g.subgraph("then"), g.subgraph("else")
+    t = then_b.op.Neg(late)
+    t.type = T4
+    then_b.graph.outputs.append(t)
+    e = else_b.op.Relu(x)
+    e.type = T4
+    else_b.graph.outputs.append(e)
+    g.output(g.op.If(cond, then_branch=then_b, else_branch=else_b), "y", type=T4)
+    g.graph.append(Node("", "Exp", [x], [late], name="producer"))
+    m = g.to_model()
+    assert any(v.rule == "IR-ORDER" for v in ir_violations(m))
+    assert TopologicalSortPass()(m).modified
+    assert [n.op_type for n in m.graph] == ["Exp", "If"]
+    assert check_invariants(m) == []
+    for flag in (True, False):
+        assert_same_outputs(to_onnx(m), m, {**X, "c": np.array(flag)})
