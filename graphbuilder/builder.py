@@ -44,6 +44,7 @@ from onnxforge.graphbuilder.ir import (
     Node,
     Value,
 )
+from onnxforge.graphbuilder.names import NameScope
 from onnxforge.graphbuilder.opschemas import (
     ONNXFORGE_DOMAIN,
     ONNXFORGE_VERSION,
@@ -195,10 +196,7 @@ class GraphBuilder:
         self.model = model
         self.graph: Graph | Function = model.graph
         self.parent = parent
-        self._names: set[str] = set() if parent is None else parent._names
-        self._counters: dict[str, int] = {}
-        if parent is None:
-            self._collect_names(model)
+        self._scope = NameScope.from_model(model) if parent is None else parent._scope
         self.op = _Ops(self)
         self._shapes = None
         self._infer = infer_shapes
@@ -208,15 +206,6 @@ class GraphBuilder:
     def from_model(cls, model: Model, *, infer_shapes: bool = True) -> "GraphBuilder":
         """Continue editing an existing model (its values keep their names)."""
         return cls(model=model, infer_shapes=infer_shapes)
-
-    def _collect_names(self, model: Model) -> None:
-        for g in model.all_graphs():
-            for v in g.values():
-                if v.name:
-                    self._names.add(v.name)
-            for n in g:
-                if n.name:
-                    self._names.add(n.name)
 
     @property
     def opsets(self) -> dict[str, int]:
@@ -228,23 +217,11 @@ class GraphBuilder:
 
     def unique_name(self, base: str) -> str:
         """A name not used anywhere in the model, derived from ``base``."""
-        base = base or "v"
-        if base not in self._names:
-            self._names.add(base)
-            return base
-        k = self._counters.get(base, 0)
-        while True:
-            k += 1
-            cand = f"{base}_{k}"
-            if cand not in self._names:
-                self._counters[base] = k
-                self._names.add(cand)
-                return cand
+        return self._scope.fresh(base)
 
     def _claim(self, name: str, what: str) -> str:
-        if name in self._names:
+        if not self._scope.claim(name):
             raise BuildError(f"{what} name {name!r} is already used in the model (SSA: one definition)")
-        self._names.add(name)
         return name
 
     # -- shapes ------------------------------------------------------------------------
@@ -294,7 +271,7 @@ class GraphBuilder:
                 value = self.op.Identity(value)
             old = value.name
             value.name = self._claim(name, "output")
-            self._names.discard(old)
+            self._scope.discard(old)
         if type is not None:
             value.type = type
         self.graph.outputs.append(value)
@@ -315,7 +292,7 @@ class GraphBuilder:
     def constant(self, array: Any, name: str = "const") -> Value:
         """A ``Constant`` node (use :meth:`initializer` for weights)."""
         out = self.unique_name(name)
-        self._names.discard(out)  # make_node claims it
+        self._scope.discard(out)  # make_node claims it
         return self.make_node("Constant", [], [out], value=Tensor.from_numpy(np.asarray(array))).outputs[0]
 
     def encoded_initializer(self, name: str, values: Any = None, *, storage_type: int | None = None,
@@ -510,8 +487,7 @@ class GraphBuilder:
         sub.model = self.model
         sub.graph = Graph(self.unique_name(name))
         sub.parent = self
-        sub._names = self._names
-        sub._counters = self._counters
+        sub._scope = self._scope
         sub.op = _Ops(sub)
         sub._shapes = None
         sub._infer = False
@@ -526,8 +502,7 @@ class GraphBuilder:
         fb.model = self.model
         fb.graph = fn
         fb.parent = self
-        fb._names = set()
-        fb._counters = {}
+        fb._scope = NameScope()
         fb.op = _Ops(fb)
         fb._shapes = None
         fb._infer = False

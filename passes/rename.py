@@ -26,6 +26,7 @@ from collections.abc import Mapping
 
 from onnxforge.errors import OnnxforgeError
 from onnxforge.graphbuilder.ir import Function, Graph, Model, Node, Value
+from onnxforge.graphbuilder.names import NameScope
 from onnxforge.passes.manager import Pass, PassResult, register_pass
 
 __all__ = [
@@ -45,51 +46,6 @@ Container = Graph | Function
 class RenameError(OnnxforgeError, ValueError):
     """A rename that would break name uniqueness, shadow a name or change the interface silently."""
 
-
-class NameScope:
-    """The set of names used in a model (values and nodes), with fresh-name generation."""
-
-    __slots__ = ("_counters", "used")
-
-    def __init__(self, used: set[str] | None = None):
-        self.used: set[str] = set() if used is None else used
-        self._counters: dict[str, int] = {}
-
-    @classmethod
-    def from_model(cls, model: Model) -> NameScope:
-        """Every value and node name of the main graph, subgraphs and local functions."""
-        from onnxforge.passes.invariants import containers
-
-        used: set[str] = set()
-        for c in containers(model):
-            used.update(v.name for v in c.inputs)
-            if isinstance(c, Graph):
-                used.update(c.initializers)
-                used.update(c.encoded_initializers)
-                used.update(c.sparse_initializers)
-            for n in c:
-                if n.name:
-                    used.add(n.name)
-                for o in n.outputs:
-                    if o.name:
-                        used.add(o.name)
-        used.discard("")
-        return cls(used)
-
-    def fresh(self, base: str) -> str:
-        """A name not used yet (``base``, else ``base_1``, ``base_2``...), now reserved."""
-        base = base or "v"
-        if base not in self.used:
-            self.used.add(base)
-            return base
-        k = self._counters.get(base, 0)
-        while True:
-            k += 1
-            cand = f"{base}_{k}"
-            if cand not in self.used:
-                self._counters[base] = k
-                self.used.add(cand)
-                return cand
 
 
 def _container_of(v: Value) -> Container | None:

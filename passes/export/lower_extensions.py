@@ -54,6 +54,7 @@ from onnxforge.graphbuilder.ir import (
     Node,
     Value,
 )
+from onnxforge.graphbuilder.names import NameScope
 from onnxforge.graphbuilder.tensors import EncodedTensor, Tensor, np_dtype, onnx_dtype
 from onnxforge.proto_ext.catalogue import Catalogue
 from onnxforge.proto_ext.types import EncodedValue, StructType, TensorType, Type
@@ -121,36 +122,15 @@ class Emitter:
     """
 
     def __init__(self, model: Model):
-        names: set[str] = set()
-        for g in model.all_graphs():
-            names.update(v.name for v in g.values())
-            names.update(n.name for n in g)
-        for fn in model.functions.values():
-            names.update(v.name for v in fn.inputs)
-            for n in fn:
-                names.add(n.name)
-                names.update(v.name for v in n.outputs)
-        self._names = names
-        self._counters: dict[str, int] = {}
+        self._names = NameScope.from_model(model, sep="__")
         self._consts: dict[tuple[int, str, tuple[int, ...], bytes], Value] = {}
 
     def fresh(self, hint: str) -> str:
         """A name not used in the model (``hint`` itself when free)."""
-        hint = hint or "v"
-        if hint not in self._names:
-            self._names.add(hint)
-            return hint
-        k = self._counters.get(hint, 0)
-        while True:
-            k += 1
-            cand = f"{hint}__{k}"
-            if cand not in self._names:
-                self._counters[hint] = k
-                self._names.add(cand)
-                return cand
+        return self._names.fresh(hint)
 
     def claim(self, name: str) -> None:
-        self._names.add(name)
+        self._names.claim(name)
 
     def node(self, graph: Graph, before: Node | None, op_type: str, inputs: Sequence[Value | None],
              n_outputs: int = 1, *, domain: str = "", name: str = "", new: bool = True,
