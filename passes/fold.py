@@ -147,6 +147,10 @@ def _fast(node: Node, arrays: list[np.ndarray | None], opset: int) -> list[np.nd
         return None
     if op == "Neg" and x.dtype.kind in "if":
         return [np.negative(x)]
+    if op == "Relu" and x.dtype.kind in "if":
+        # x < 0 ? 0 : x, as onnxruntime computes it: -0.0 and NaN pass through unchanged
+        # (np.maximum(x, 0), the reference implementation, turns -0.0 into +0.0).
+        return [np.where(x < 0, np.zeros((), x.dtype), x)]
     if op == "Identity":
         return [x.copy()]
     if op == "Transpose":

@@ -15,6 +15,7 @@ from tests.passes.helpers import (
     FLOAT,
     assert_same_outputs,
     assert_sound,
+    ort_run,
     output_names,
     reference_run,
 )
@@ -144,3 +145,20 @@ def test_folding_inside_a_function_body_makes_constant_nodes():
     folded = list(fn)[0].attributes["value"].value.numpy()
     np.testing.assert_array_equal(folded, np.full(4, 5.0, np.float32))
     assert_same_outputs(before, m, X)
+
+
+def test_folded_relu_keeps_negative_zero_and_nan_like_onnxruntime():
+    g = GraphBuilder(opset=21)
+    x = g.input("x", FLOAT, [4])
+    w = g.initializer("w", np.array([-0.0, 0.0, np.nan, -2.0], np.float32))
+    g.output(g.op.Add(g.op.Relu(w), g.op.Mul(x, g.initializer("zero", np.zeros(4, np.float32)))), "y")
+    g.output(g.op.Relu(g.initializer("nz", np.full(4, -0.0, np.float32))), "z")
+    m = g.to_model()
+    before = to_onnx(m)
+    assert ConstantFoldingPass()(m).modified
+    assert _ops(m) == ["Mul", "Add"]
+    assert m.graph.outputs[1].is_initializer()
+    feeds = {"x": np.array([-1.0, 1.0, 2.0, 3.0], np.float32)}
+    for want, got in zip(ort_run(before, feeds), ort_run(m, feeds)):
+        np.testing.assert_array_equal(want, got)
+        np.testing.assert_array_equal(np.signbit(want), np.signbit(got))
