@@ -51,7 +51,7 @@ from onnxforge.graphbuilder.opschemas import (
     check_node,
     resolve_schema,
 )
-from onnxforge.graphbuilder.tensors import EncodedTensor, Tensor, onnx_dtype
+from onnxforge.graphbuilder.tensors import EncodedTensor, Tensor, np_dtype, onnx_dtype
 from onnxforge.proto_ext.convert import constant_from_numpy, function_blob_from_proto
 from onnxforge.proto_ext.types import (
     AffineLayout,
@@ -94,9 +94,7 @@ def _attr(name: str, value: Any) -> Attr:
     """Python value -> Attr with the AttributeProto type inferred from the value."""
     if isinstance(value, Attr):
         return value
-    if isinstance(value, bool):
-        return Attr(name, AttrType.INT, int(value))
-    if isinstance(value, (int, np.integer)):
+    if isinstance(value, (bool, np.bool_, int, np.integer)):
         return Attr(name, AttrType.INT, int(value))
     if isinstance(value, (float, np.floating)):
         return Attr(name, AttrType.FLOAT, float(value))
@@ -114,7 +112,7 @@ def _attr(name: str, value: Any) -> Attr:
         return Attr(name, AttrType.GRAPH, value.graph)
     if isinstance(value, (list, tuple)):
         items = list(value)
-        if all(isinstance(v, (bool, int, np.integer)) for v in items):
+        if all(isinstance(v, (bool, np.bool_, int, np.integer)) for v in items):
             return Attr(name, AttrType.INTS, [int(v) for v in items])
         if all(isinstance(v, (int, float, np.integer, np.floating)) for v in items):
             return Attr(name, AttrType.FLOATS, [float(v) for v in items])
@@ -240,13 +238,8 @@ class GraphBuilder:
         return self._shapes
 
     def _infer_node(self, node: Node) -> None:
-        if not self._infer:
-            return
-        try:
-            import onnxforge.graphbuilder.shapes  # noqa: F401
-        except ImportError:
-            return
-        self.shapes.infer_node(node)
+        if self._infer:
+            self.shapes.infer_node(node)
 
     # -- values --------------------------------------------------------------------------
     def input(self, name: str, dtype: Any = None, shape: Sequence[int | str | None] | None = None, *,
@@ -264,6 +257,7 @@ class GraphBuilder:
         The alias of an output produced through a MUST_ALIAS port is recorded as
         ``alias_of`` automatically; ``alias_of=`` declares it explicitly.
         """
+        _check_value(value, "output")
         if name is not None and name != value.name:
             if (value.is_graph_input() or value.is_initializer() or value.is_graph_output()
                     or value.graph is not self.graph):
@@ -310,8 +304,6 @@ class GraphBuilder:
         * Struct records: give ``struct_type`` (a type_id or StructType) and ``codes``
           (the record bytes) and optionally ``logical_type``.
         """
-        from onnxforge.graphbuilder.tensors import np_dtype
-
         if struct_type is not None:
             if codes is None:
                 raise BuildError(f"encoded initializer {name!r}: struct layouts need `codes` bytes")
@@ -365,10 +357,11 @@ class GraphBuilder:
         used = {s.type_id for s in self.model.struct_types}
         if type_id is None:
             type_id = max(used | {999}) + 1
+        elif isinstance(type_id, bool) or not isinstance(type_id, int) or type_id <= 0:
+            raise BuildError(f"struct type {name!r}: type_id must be a positive integer, got {type_id!r} "
+                             "(rule C1)")
         elif type_id in used:
             raise BuildError(f"struct type_id {type_id} is already declared (rule C2)")
-        if type_id <= 0:
-            raise BuildError("type_id must be a positive integer (rule C1)")
         kinds = [k for k, v in (("structure", fields), ("array", array), ("bit_packing", bit_packing))
                  if v is not None]
         if len(kinds) != 1:
@@ -382,10 +375,18 @@ class GraphBuilder:
                 else StructField(fname, f, None, has_type=True)
                 for fname, f in fields)
         elif array is not None:
-            arr = ArrayKind(array[0], int(array[1]))
+            try:
+                elem, length = array
+                arr = ArrayKind(elem, int(length))
+            except (TypeError, ValueError) as exc:
+                raise BuildError(f"struct type {name!r}: array must be (element type, length): {exc}") from None
         else:
-            comps, dim = bit_packing
-            bp = BitPackingKind(tuple(Component(c, int(w)) for c, w in comps), int(dim))
+            try:
+                comps, dim = bit_packing  # type: ignore[misc]
+                bp = BitPackingKind(tuple(Component(c, int(w)) for c, w in comps), int(dim))
+            except (TypeError, ValueError) as exc:
+                raise BuildError(f"struct type {name!r}: bit_packing must be ([(component, bits), ...], "
+                                 f"dim): {exc}") from None
         decl = StructType(kind=kinds[0], fields=sfields, array=arr, bit_packing=bp,
                           decoder=_function_blob(decoder), encoder=_function_blob(encoder),
                           name=name, doc_string=doc_string,
@@ -460,7 +461,9 @@ class GraphBuilder:
     def alias(self, output: Value, input: Value | str) -> None:
         """Declare that ``output`` must be the storage of ``input`` (``alias_of``); the
         producing node's ``output_alias`` port entry is added to match."""
+        _check_value(output, "alias")
         src = self._value(input, "alias") if isinstance(input, str) else input
+        _check_value(src, "alias")
         if output.is_graph_input() or output.is_initializer():
             raise BuildError(f"alias: {output.name!r} is a graph input or initializer and cannot "
                              "alias another value (rule L2)")
@@ -481,31 +484,28 @@ class GraphBuilder:
             src.access = READ_WRITE
 
     # -- subgraphs and functions -----------------------------------------------------------
+    def _child(self, body: Graph | Function, scope: NameScope) -> "GraphBuilder":
+        """A builder of ``body`` nested in this one (no shape inference of its own)."""
+        child = GraphBuilder.__new__(GraphBuilder)
+        child.model = self.model
+        child.graph = body
+        child.parent = self
+        child._scope = scope
+        child.op = _Ops(child)
+        child._shapes = None
+        child._infer = False
+        return child
+
     def subgraph(self, name: str = "body") -> "GraphBuilder":
         """A builder for a control-flow body; it may use values of this builder (outer scope)."""
-        sub = GraphBuilder.__new__(GraphBuilder)
-        sub.model = self.model
-        sub.graph = Graph(self.unique_name(name))
-        sub.parent = self
-        sub._scope = self._scope
-        sub.op = _Ops(sub)
-        sub._shapes = None
-        sub._infer = False
-        return sub
+        return self._child(Graph(self.unique_name(name)), self._scope)
 
     def function(self, domain: str, name: str, inputs: Sequence[str], *,
                  opsets: dict[str, int] | None = None) -> "GraphBuilder":
         """A builder for a local function body; call ``g.op[domain].name(...)`` afterwards."""
         fn = Function(domain, name)
         fn.opset_imports = dict(opsets or self.opsets)
-        fb = GraphBuilder.__new__(GraphBuilder)
-        fb.model = self.model
-        fb.graph = fn
-        fb.parent = self
-        fb._scope = NameScope()
-        fb.op = _Ops(fb)
-        fb._shapes = None
-        fb._infer = False
+        fb = self._child(fn, NameScope())
         for i in inputs:
             fn.add_input(Value(fb._claim(i, "function input")))
         self.model.add_function(fn)
@@ -522,6 +522,11 @@ class GraphBuilder:
         from onnxforge.graphbuilder.serde import to_onnx
 
         return to_onnx(self.model)
+
+
+def _check_value(v: Any, what: str) -> None:
+    if not isinstance(v, Value):
+        raise BuildError(f"{what}: expected a Value, got {type(v).__name__}")
 
 
 def _constant(arr: np.ndarray) -> Constant:

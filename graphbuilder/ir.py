@@ -24,11 +24,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from onnxforge.errors import OnnxforgeError
 from onnxforge.graphbuilder.tensors import EncodedTensor, Tensor
 from onnxforge.proto_ext.types import StructType, Type
+
+if TYPE_CHECKING:
+    from onnxforge.proto_ext.view import ModelView
 
 __all__ = [
     "IRError",
@@ -137,8 +140,9 @@ class Value:
         return list(dict.fromkeys(n for n, _ in self._uses))
 
     def replace_all_uses_with(self, other: "Value", *, outputs: bool = True) -> None:
-        """Point every consumer of ``self`` at ``other``; with ``outputs`` also graph
-        outputs and persistent bindings that name ``self``."""
+        """Point every consumer of ``self`` at ``other`` (and the ``alias_of`` of the
+        consumers' outputs that named ``self``); with ``outputs`` also graph outputs
+        and persistent bindings that name ``self``."""
         for node, i in list(self._uses):
             node.set_input(i, other)
             for o in node._outputs:
@@ -317,13 +321,19 @@ class Node:
         return f"Node({self.name!r}: {outs} = {dom}{self.op_type}({ins}))"
 
 
-class _NodeList:
-    """Intrusive doubly linked list of nodes plus ownership bookkeeping."""
+class _Body:
+    """What graphs and function bodies share: an intrusive doubly linked list of
+    nodes with ownership bookkeeping, and the formal inputs and outputs."""
+
+    _input_kind = "graph input"  # how error messages name an input
 
     def __init__(self) -> None:
         self._head: Node | None = None
         self._tail: Node | None = None
         self._count = 0
+        self.inputs: list[Value] = []
+        self._input_set: set[Value] = set()
+        self.outputs: list[Value] = []
 
     def __len__(self) -> int:
         return self._count
@@ -346,6 +356,24 @@ class _NodeList:
     def nodes(self) -> list[Node]:
         return list(self)
 
+    # -- boundary ----------------------------------------------------------------------
+    def add_input(self, value: Value) -> Value:
+        if value._producer is not None:
+            raise IRError(f"{self._input_kind} {value.name!r} cannot have a producer")
+        value.graph = self  # type: ignore[assignment]
+        self.inputs.append(value)
+        self._input_set.add(value)
+        return value
+
+    def is_output(self, v: Value) -> bool:
+        return any(o is v for o in self.outputs)
+
+    def _replace_output(self, old: Value, new: Value) -> None:
+        for i, o in enumerate(self.outputs):
+            if o is old:
+                self.outputs[i] = new
+
+    # -- linking -----------------------------------------------------------------------
     def _adopt(self, node: Node) -> None:
         if node.graph is not None:
             raise IRError(f"{node!r} already belongs to a graph")
@@ -354,14 +382,38 @@ class _NodeList:
             v.graph = self  # type: ignore[assignment]
         self._count += 1
 
-    def append(self, node: Node) -> Node:
-        self._adopt(node)
-        node._prev, node._next = self._tail, None
-        if self._tail is None:
+    def _check_owned(self, node: Node) -> None:
+        if node.graph is not self:
+            raise IRError(f"{node!r} is not in this graph")
+
+    def _link(self, node: Node, prev: Node | None, nxt: Node | None) -> None:
+        """Link ``node`` between the adjacent ``prev`` and ``nxt`` (None: the list's ends)."""
+        node._prev, node._next = prev, nxt
+        if prev is None:
             self._head = node
         else:
-            self._tail._next = node
-        self._tail = node
+            prev._next = node
+        if nxt is None:
+            self._tail = node
+        else:
+            nxt._prev = node
+
+    def _unlink(self, node: Node) -> None:
+        """Take ``node`` out of the list without touching def-use or ownership."""
+        if node._prev is None:
+            self._head = node._next
+        else:
+            node._prev._next = node._next
+        if node._next is None:
+            self._tail = node._prev
+        else:
+            node._next._prev = node._prev
+        node._prev = node._next = None
+
+    # -- mutation ----------------------------------------------------------------------
+    def append(self, node: Node) -> Node:
+        self._adopt(node)
+        self._link(node, self._tail, None)
         return node
 
     def extend(self, nodes: Iterable[Node]) -> None:
@@ -369,33 +421,20 @@ class _NodeList:
             self.append(n)
 
     def insert_after(self, anchor: Node, node: Node) -> Node:
-        if anchor.graph is not self:
-            raise IRError(f"{anchor!r} is not in this graph")
+        self._check_owned(anchor)
         self._adopt(node)
-        node._prev, node._next = anchor, anchor._next
-        if anchor._next is None:
-            self._tail = node
-        else:
-            anchor._next._prev = node
-        anchor._next = node
+        self._link(node, anchor, anchor._next)
         return node
 
     def insert_before(self, anchor: Node, node: Node) -> Node:
-        if anchor.graph is not self:
-            raise IRError(f"{anchor!r} is not in this graph")
+        self._check_owned(anchor)
         self._adopt(node)
-        node._next, node._prev = anchor, anchor._prev
-        if anchor._prev is None:
-            self._head = node
-        else:
-            anchor._prev._next = node
-        anchor._prev = node
+        self._link(node, anchor._prev, anchor)
         return node
 
     def remove(self, node: Node, *, safe: bool = True) -> None:
         """Unlink ``node``; with ``safe`` its outputs must be unused and not graph outputs."""
-        if node.graph is not self:
-            raise IRError(f"{node!r} is not in this graph")
+        self._check_owned(node)
         if safe:
             for v in node._outputs:
                 if v._uses:
@@ -404,48 +443,22 @@ class _NodeList:
                 if self.is_output(v):
                     raise IRError(f"cannot remove {node!r}: {v.name!r} is a graph output")
         node.detach_inputs()
-        if node._prev is None:
-            self._head = node._next
-        else:
-            node._prev._next = node._next
-        if node._next is None:
-            self._tail = node._prev
-        else:
-            node._next._prev = node._prev
-        node._prev = node._next = None
+        self._unlink(node)
         node.graph = None
         self._count -= 1
 
     def move_to_end(self, node: Node) -> None:
         """Relink ``node`` at the end without touching def-use (used by sorting)."""
-        if node.graph is not self:
-            raise IRError(f"{node!r} is not in this graph")
-        self._unlink_keep(node)
-        node._prev, node._next = self._tail, None
-        if self._tail is None:
-            self._head = node
-        else:
-            self._tail._next = node
-        self._tail = node
-
-    def _unlink_keep(self, node: Node) -> None:
-        if node._prev is None:
-            self._head = node._next
-        else:
-            node._prev._next = node._next
-        if node._next is None:
-            self._tail = node._prev
-        else:
-            node._next._prev = node._prev
-        node._prev = node._next = None
+        self._check_owned(node)
+        self._unlink(node)
+        self._link(node, self._tail, None)
 
     def reorder(self, order: Sequence[Node]) -> None:
         """Relink the nodes in ``order`` (a permutation of the current nodes)."""
         if len(order) != self._count or len({id(n) for n in order}) != self._count:
             raise IRError("reorder needs a permutation of the graph's nodes")
         for n in order:  # checked before relinking anything
-            if n.graph is not self:
-                raise IRError(f"{n!r} is not in this graph")
+            self._check_owned(n)
         prev = None
         for n in order:
             n._prev = prev
@@ -458,14 +471,8 @@ class _NodeList:
             prev._next = None
         self._tail = prev
 
-    def is_output(self, v: Value) -> bool:  # overridden
-        return False
 
-    def _replace_output(self, old: Value, new: Value) -> None:  # overridden
-        pass
-
-
-class Graph(_NodeList):
+class Graph(_Body):
     """A graph: inputs, outputs, initializers (dense, sparse, encoded), nodes,
     persistent bindings. ``parent`` is the node owning this graph as an attribute."""
 
@@ -474,9 +481,6 @@ class Graph(_NodeList):
         self.name = name
         self.doc_string = doc_string
         self.metadata: dict[str, str] = {}
-        self.inputs: list[Value] = []
-        self._input_set: set[Value] = set()
-        self.outputs: list[Value] = []
         self.initializers: dict[str, Value] = {}
         self.encoded_initializers: dict[str, Value] = {}
         self.sparse_initializers: dict[str, bytes] = {}  # name -> serialized SparseTensorProto (opaque)
@@ -486,14 +490,6 @@ class Graph(_NodeList):
         self.extra = b""
 
     # -- inputs / outputs ----------------------------------------------------------
-    def add_input(self, value: Value) -> Value:
-        if value._producer is not None:
-            raise IRError(f"graph input {value.name!r} cannot have a producer")
-        value.graph = self
-        self.inputs.append(value)
-        self._input_set.add(value)
-        return value
-
     def remove_input(self, value: Value) -> None:
         if value._uses:
             raise IRError(f"graph input {value.name!r} is still used")
@@ -504,13 +500,8 @@ class Graph(_NodeList):
         self.inputs.remove(value)
         self._input_set.discard(value)
 
-    def is_output(self, v: Value) -> bool:
-        return any(o is v for o in self.outputs)
-
     def _replace_output(self, old: Value, new: Value) -> None:
-        for i, o in enumerate(self.outputs):
-            if o is old:
-                self.outputs[i] = new
+        super()._replace_output(old, new)
         self.bindings = [(i, new if o is old else o) for i, o in self.bindings]
 
     # -- initializers ----------------------------------------------------------------
@@ -603,8 +594,10 @@ class Graph(_NodeList):
         return f"Graph({self.name!r}, {len(self)} nodes)"
 
 
-class Function(_NodeList):
+class Function(_Body):
     """A local function (FunctionProto): formal inputs/outputs are Values."""
+
+    _input_kind = "function input"
 
     def __init__(self, domain: str, name: str, *, overload: str = "", doc_string: str = ""):
         super().__init__()
@@ -613,9 +606,6 @@ class Function(_NodeList):
         self.overload = overload
         self.doc_string = doc_string
         self.metadata: dict[str, str] = {}
-        self.inputs: list[Value] = []
-        self._input_set: set[Value] = set()
-        self.outputs: list[Value] = []
         self.attributes: list[str] = []
         self.attribute_defaults: dict[str, Attr] = {}
         self.opset_imports: dict[str, int] = {}
@@ -625,22 +615,6 @@ class Function(_NodeList):
     @property
     def id(self) -> tuple[str, str, str]:
         return (self.domain, self.name, self.overload)
-
-    def add_input(self, value: Value) -> Value:
-        if value._producer is not None:
-            raise IRError(f"function input {value.name!r} cannot have a producer")
-        value.graph = self
-        self.inputs.append(value)
-        self._input_set.add(value)
-        return value
-
-    def is_output(self, v: Value) -> bool:
-        return any(o is v for o in self.outputs)
-
-    def _replace_output(self, old: Value, new: Value) -> None:
-        for i, o in enumerate(self.outputs):
-            if o is old:
-                self.outputs[i] = new
 
     def all_graphs(self) -> Iterator[Graph]:
         for n in self:
@@ -687,7 +661,8 @@ class Model:
         for f in self.functions.values():
             yield from f.all_graphs()
 
-    def verification_view(self):  # -> proto_ext.view.ModelView
-        from onnxforge.graphbuilder.view import model_view
+    def verification_view(self) -> ModelView:
+        """The read-only view :func:`onnxforge.verify` checks (built without serializing)."""
+        from onnxforge.graphbuilder.view import model_view  # view.py imports this module
 
         return model_view(self)

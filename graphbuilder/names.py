@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from onnxforge.graphbuilder.ir import Model
+from onnxforge.graphbuilder.ir import Function, Graph, Model
 
 __all__ = ["NameScope", "model_names"]
 
@@ -12,19 +12,17 @@ def model_names(model: Model) -> set[str]:
     """Every value, initializer and node name of the main graph, its subgraphs and the
     local functions (with their subgraphs)."""
     used: set[str] = set()
-    graphs = list(model.graph.all_graphs())
+    bodies: list[Graph | Function] = [*model.graph.all_graphs()]
     for fn in model.functions.values():
-        used.update(v.name for v in fn.inputs)
-        for n in fn:
-            used.add(n.name)
-            used.update(o.name for o in n.outputs)
-        graphs.extend(fn.all_graphs())
-    for g in graphs:
-        used.update(v.name for v in g.inputs)
-        used.update(g.initializers)
-        used.update(g.encoded_initializers)
-        used.update(g.sparse_initializers)
-        for n in g:
+        bodies.append(fn)
+        bodies.extend(fn.all_graphs())
+    for b in bodies:
+        used.update(v.name for v in b.inputs)
+        if isinstance(b, Graph):
+            used.update(b.initializers)
+            used.update(b.encoded_initializers)
+            used.update(b.sparse_initializers)
+        for n in b:
             used.add(n.name)
             used.update(o.name for o in n.outputs)
     used.discard("")

@@ -38,7 +38,8 @@ class SchemaCheckError(OnnxforgeError, ValueError):
     """A node does not match its operator schema (unknown op, arity, attribute)."""
 
 
-def _param(name: str, type_str: str, doc: str, option=None) -> defs.OpSchema.FormalParameter:
+def _param(name: str, type_str: str, doc: str,
+           option: defs.OpSchema.FormalParameterOption | None = None) -> defs.OpSchema.FormalParameter:
     kwargs: dict[str, Any] = {}
     if option is not None:
         kwargs["param_option"] = option
@@ -125,8 +126,7 @@ def check_node(op_type: str, domain: str, n_inputs: int, n_outputs: int,
         raise SchemaCheckError(f"{where}: {exc}") from None
     if not checked:
         return None
-    key = "" if domain == "ai.onnx" else domain
-    schema = get_schema(op_type, version, key)
+    schema = get_schema(op_type, version, domain)
     if schema is None:
         raise SchemaCheckError(f"{where}: unknown operator {domain + '::' if domain else ''}{op_type} "
                                f"at opset {version}")

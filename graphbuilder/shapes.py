@@ -37,6 +37,7 @@ without a rule and without a local function leave their outputs as declared
 """
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
@@ -46,7 +47,7 @@ from onnx import TensorProto
 from onnxforge.errors import OnnxforgeError
 from onnxforge.graphbuilder.ir import MUST_ALIAS, Attr, Function, Graph, Model, Node, Value
 from onnxforge.graphbuilder.symbolic import Dim, SymbolicError, SymExpr, as_dim, dims_equal, symbol
-from onnxforge.graphbuilder.tensors import EncodedTensor, Tensor
+from onnxforge.graphbuilder.tensors import EncodedTensor, Tensor, np_dtype
 from onnxforge.proto_ext.catalogue import Catalogue
 from onnxforge.proto_ext.types import (
     AffineLayout,
@@ -192,8 +193,6 @@ class SymTensor:
 
     def to_numpy(self) -> np.ndarray:
         """The value as a numpy array of its element type (requires :meth:`is_concrete`)."""
-        from onnxforge.graphbuilder.tensors import np_dtype
-
         if not self.is_concrete():
             raise ShapeError(f"{self} is not fully known")
         return np.array(self.data.tolist(), dtype=np_dtype(self.elem_type)).reshape(self.shape)
@@ -221,7 +220,10 @@ def _flatten_nested(values: Any) -> tuple[list[Any], tuple[int, ...]]:
 def _norm_shape(shape: Sequence[Any] | None) -> tuple[Dim, ...] | None:
     if shape is None:
         return None
-    return tuple(as_dim(d) for d in shape)
+    try:
+        return tuple(as_dim(d) for d in shape)
+    except TypeError as exc:  # e.g. a dim_param that is not UTF-8 text (read as bytes)
+        raise ShapeError(f"shape {list(shape)!r}: {exc}") from None
 
 
 def normalize_type(t: Type) -> Type:
@@ -773,8 +775,6 @@ def topological_order(g: Graph | Function) -> list[Node]:
     for i, d in deps.items():
         for j in d:
             users[j].append(i)
-    import heapq
-
     ready = [i for i, k in indeg.items() if k == 0]
     heapq.heapify(ready)
     out: list[Node] = []

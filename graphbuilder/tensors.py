@@ -57,11 +57,15 @@ def np_dtype(code: int) -> np.dtype:
 
 
 def onnx_dtype(dtype: Any) -> int:
-    """TensorProto element type of a numpy dtype."""
+    """TensorProto element type of a numpy dtype (or anything ``numpy.dtype`` accepts)."""
     try:
-        return _ONNX[np.dtype(dtype)]
+        dt = np.dtype(dtype)
+    except TypeError:
+        raise CodecError(f"{dtype!r} is not a numpy dtype") from None
+    try:
+        return _ONNX[dt]
     except KeyError:
-        raise CodecError(f"no TensorProto element type for numpy dtype {np.dtype(dtype)}") from None
+        raise CodecError(f"no TensorProto element type for numpy dtype {dt}") from None
 
 
 class Tensor:
@@ -108,10 +112,14 @@ class Tensor:
         bits = BITS.get(self.dtype)
         if bits is None:
             return 0 if self.array is None else int(self.array.nbytes)
-        return math.ceil(self.size * bits / 8)
+        return -(-self.size * bits // 8)
 
     def numpy(self) -> np.ndarray:
-        """The value as a numpy array; read-only and zero-copy for raw payloads."""
+        """The value as a numpy array; read-only and zero-copy for raw payloads.
+
+        A payload that does not hold ``dims`` elements of ``dtype`` (or a string
+        element that is not UTF-8) raises :class:`~onnxforge.errors.CodecError`.
+        """
         if self.array is not None:
             return self.array
         if self.raw is not None:
@@ -122,7 +130,12 @@ class Tensor:
                 signed = self.dtype in (TensorProto.INT4, TensorProto.INT2)
                 codes = unpack_codes(self.raw, bits, self.size, signed)
                 return codes.view(np_dtype(self.dtype)).reshape(self.dims)
-            arr = np.frombuffer(self.raw, dtype=np_dtype(self.dtype)).reshape(self.dims)
+            dtype = np_dtype(self.dtype)
+            n = memoryview(self.raw).nbytes
+            if n != self.size * dtype.itemsize:
+                raise CodecError(f"tensor {self.name!r}: raw payload holds {n} bytes, dims {list(self.dims)} "
+                                 f"of {dtype} need {self.size * dtype.itemsize}")
+            arr = np.frombuffer(self.raw, dtype=dtype).reshape(self.dims)
             if arr.flags.writeable:
                 arr = arr.view()
                 arr.flags.writeable = False
@@ -130,7 +143,13 @@ class Tensor:
         if self.proto is not None:
             from onnxforge.proto_ext.convert import tensor_proto_to_numpy
 
-            return tensor_proto_to_numpy(self.proto)
+            try:
+                return tensor_proto_to_numpy(self.proto)
+            except UnicodeDecodeError as exc:
+                raise CodecError(f"string tensor {self.name!r}: element bytes are not UTF-8 text "
+                                 f"({exc.reason} at byte {exc.start})") from None
+            except ValueError as exc:  # element count does not match dims, bad field for dtype...
+                raise CodecError(f"tensor {self.name!r}: cannot read its typed data: {exc}") from None
         raise CodecError(f"tensor {self.name!r} has no payload")
 
     def tobytes(self) -> bytes | memoryview:

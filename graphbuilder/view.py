@@ -1,7 +1,9 @@
 """The IR's verification view (``proto_ext.view.ModelView``), built without serializing.
 
 Only names, types, alias annotations and encoded-value headers are read; payloads
-are referenced, never copied.
+are referenced, never copied. The one exception: the elements of small integer
+tensors (initializers and ``Constant`` nodes of at most 64 elements) are read, for
+static range checks such as rule L12, as the wire view does.
 """
 from __future__ import annotations
 
@@ -9,20 +11,37 @@ from dataclasses import replace
 
 from onnx import TensorProto
 
+from onnxforge.errors import CodecError
 from onnxforge.graphbuilder.ir import AttrType, Function, Graph, Model, Node, Value
-from onnxforge.graphbuilder.tensors import EncodedTensor
-from onnxforge.proto_ext.types import StructType, TensorType, Type
+from onnxforge.graphbuilder.tensors import EncodedTensor, Tensor
+from onnxforge.proto_ext.types import (
+    MapType,
+    OptionalType,
+    SequenceType,
+    SparseTensorType,
+    StructType,
+    TensorType,
+    Type,
+)
 from onnxforge.proto_ext.view import AliasSpec, FunctionView, GraphView, ModelView, NodeView, ValueSpec
 
 __all__ = ["model_view", "plain_type"]
 
 
 def plain_type(t: Type) -> Type:
-    """A type record whose dims are int / str / None only (symbolic expressions as text)."""
-    if isinstance(t, TensorType) and t.shape is not None:
-        if any(not (d is None or isinstance(d, (int, str))) for d in t.shape):
-            return TensorType(t.elem_type, tuple(d if d is None or isinstance(d, (int, str)) else str(d)
-                                                 for d in t.shape), t.denotation, t.dim_denotations)
+    """The type record with dims int / str / None only, at any depth: a symbolic
+    dimension becomes its ``dim_param`` text (``t`` itself when nothing changes)."""
+    if isinstance(t, (TensorType, SparseTensorType)):
+        if t.shape is not None and any(not (d is None or isinstance(d, (int, str))) for d in t.shape):
+            return replace(t, shape=tuple(d if d is None or isinstance(d, (int, str)) else str(d)
+                                          for d in t.shape))
+        return t
+    if isinstance(t, (SequenceType, OptionalType)):
+        e = plain_type(t.elem)
+        return t if e is t.elem else replace(t, elem=e)
+    if isinstance(t, MapType):
+        e = plain_type(t.value)
+        return t if e is t.value else replace(t, value=e)
     return t
 
 
@@ -75,15 +94,34 @@ def _value_infos(container: Graph | Function) -> list[ValueSpec]:
     return out
 
 
-_MAX_INT_VALUES = 64
+_MAX_INT_VALUES = 64  # the wire view (proto_ext.view) reads the same small tensors
 
 
-def _small_ints(t) -> tuple[int, ...] | None:
+def _small_ints(t: Tensor | None) -> tuple[int, ...] | None:
+    """Elements of a small INT64/INT32 tensor whose payload is at hand, else None."""
     if t is None or t.dtype not in (TensorProto.INT64, TensorProto.INT32) or t.size > _MAX_INT_VALUES:
         return None
     if t.external is not None and t.raw is None:
         return None
-    return tuple(int(x) for x in t.numpy().reshape(-1))
+    try:
+        return tuple(int(x) for x in t.numpy().reshape(-1))
+    except CodecError:  # a malformed payload: other rules report it
+        return None
+
+
+def _constant_ints(n: Node) -> tuple[int, ...] | None:
+    """The value of a ``Constant`` node holding a small integer tensor, else None."""
+    for a in n.attributes.values():
+        values = None
+        if a.name == "value" and a.type == AttrType.TENSOR:
+            values = _small_ints(a.value)
+        elif a.name == "value_int" and a.type == AttrType.INT:
+            values = (int(a.value),)
+        elif a.name == "value_ints" and a.type == AttrType.INTS:
+            values = tuple(int(x) for x in a.value)
+        if values is not None:
+            return values
+    return None
 
 
 def _int_values(g: Graph) -> dict[str, tuple[int, ...]]:
@@ -96,13 +134,7 @@ def _int_values(g: Graph) -> dict[str, tuple[int, ...]]:
     for n in g:
         if n.op_type != "Constant" or n.domain not in ("", "ai.onnx") or len(n.outputs) != 1:
             continue
-        values = None
-        if "value" in n.attributes and n.attributes["value"].type == AttrType.TENSOR:
-            values = _small_ints(n.attributes["value"].value)
-        elif "value_int" in n.attributes:
-            values = (int(n.attributes["value_int"].value),)
-        elif "value_ints" in n.attributes:
-            values = tuple(int(x) for x in n.attributes["value_ints"].value)
+        values = _constant_ints(n)
         if values is not None:
             out.setdefault(n.outputs[0].name, values)
     return out

@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 from onnxforge.errors import (
-    ExportError,
     CodecError,
+    ExportError,
     ExternalDataError,
+    ModelFileError,
     OnnxforgeError,
     VerificationError,
     WireError,
@@ -29,6 +30,7 @@ __all__ = [
     "CodecError",
     "ExportError",
     "ExternalDataError",
+    "ModelFileError",
     "OnnxforgeError",
     "VerificationError",
     "WireError",

@@ -7,23 +7,40 @@ from typing import Any
 
 import numpy as np
 
-from onnxforge.errors import CodecError
+from onnxforge.errors import CodecError, OnnxforgeError
 
 __all__ = ["decode_value", "verify", "check", "load", "save", "to_standard_onnx", "infer_shapes",
            "optimize"]
 
 
+def _is_ir(model: Any) -> bool:
+    from onnxforge.graphbuilder.ir import Model
+
+    return isinstance(model, Model)
+
+
 def load(source: Any, *, model_dir: str | None = None):
-    """An IR :class:`~onnxforge.graphbuilder.ir.Model` from a path, bytes or ModelProto.
+    """An IR :class:`~onnxforge.graphbuilder.ir.Model` from a path, bytes or ModelProto
+    (an IR model is returned as it is).
 
     Payloads are memory-mapped, never copied; external data is resolved against the
     model's folder and unsafe locations raise :class:`onnxforge.ExternalDataError`.
+    A path that is missing, a directory or unreadable raises
+    :class:`onnxforge.ModelFileError`.
     """
     from onnxforge.graphbuilder import serde
+    from onnxforge.proto_ext.schema import model_file_error
 
-    if hasattr(source, "graph") and hasattr(source, "struct_types") and not hasattr(source, "DESCRIPTOR"):
+    if _is_ir(source):
         return source
-    return serde.load(source, model_dir=model_dir)
+    try:
+        return serde.load(source, model_dir=model_dir)
+    except OSError as exc:
+        # only the model file itself: external data raises ExternalDataError
+        if isinstance(exc, OnnxforgeError) or not isinstance(source, (str, os.PathLike)) \
+                or exc.filename != os.fspath(source):
+            raise
+        raise model_file_error(os.fspath(source), exc) from None
 
 
 def save(model: Any, path: str | os.PathLike, *, external_data: str | None = None,
@@ -75,55 +92,52 @@ def _find_encoded_proto(graph: Any, name: str) -> Any | None:
     return None
 
 
+def _decode_ir(model: Any, name: str) -> np.ndarray | dict[str, np.ndarray]:
+    from onnxforge.graphbuilder.tensors import EncodedTensor
+    from onnxforge.proto_ext.catalogue import Catalogue
+    from onnxforge.proto_ext.codecs.decode import decode_encoded
+
+    for g in model.all_graphs():
+        v = g.encoded_initializers.get(name) or g.initializers.get(name)
+        if v is None:
+            continue
+        if isinstance(v.const, EncodedTensor):
+            header = v.const.header
+            if v.const.external is not None and len(header.raw_data):
+                # the loader already mapped the external payload (safely, bounds-checked)
+                header = replace(header, external_data=(), data_location=None)
+            return decode_encoded(header, Catalogue(model.struct_types), model_dir=model.model_dir,
+                                  path=f"{g.path()}.encoded_initializer[{name!r}]")
+        return v.const.numpy()
+    raise CodecError(f"no initializer named {name!r} in the model")
+
+
 def decode_value(model: Any, name: str) -> np.ndarray | dict[str, np.ndarray]:
     """The logical value of initializer ``name`` (encoded or dense) as numpy.
 
     ``model`` is an IR ``Model``, an extended or stock ``ModelProto``, bytes or a
     path. Encoded values are decoded by their layout (affine, or a struct type's
     registered/function decoder); a struct without a logical type gives a dict of
-    field arrays; a value without a decoder raises :class:`CodecError`.
+    field arrays; a value without a decoder raises :class:`CodecError`. External
+    payloads are read only after the checks of rules P4 and P5, from the model's
+    folder (a path's folder, or the IR model's ``model_dir``).
     """
-    from onnxforge.proto_ext import schema
     from onnxforge.proto_ext.catalogue import Catalogue
     from onnxforge.proto_ext.codecs.decode import decode_encoded
-    from onnxforge.proto_ext.convert import encoded_from_proto, struct_from_proto
+    from onnxforge.proto_ext.convert import dense_to_numpy, encoded_from_proto, struct_from_proto
+    from onnxforge.proto_ext.schema import read_model
 
-    model_dir = None
-    if isinstance(model, (str, os.PathLike)):
-        path = os.fspath(model)
-        model_dir = os.path.dirname(os.path.abspath(path))
-        with open(path, "rb") as fh:
-            model = schema.parse_model(fh.read())
-    elif isinstance(model, (bytes, bytearray, memoryview)):
-        model = schema.parse_model(model)
-    if hasattr(model, "graph") and hasattr(model.graph, "encoded_initializers"):  # IR model
-        from onnxforge.graphbuilder.tensors import EncodedTensor
-
-        for g in model.all_graphs():
-            v = g.encoded_initializers.get(name) or g.initializers.get(name)
-            if v is None:
-                continue
-            if isinstance(v.const, EncodedTensor):
-                header = v.const.header
-                if v.const.external is not None and len(header.raw_data):
-                    # the loader already mapped the external payload (safely, bounds-checked)
-                    header = replace(header, external_data=(), data_location=None)
-                return decode_encoded(header, Catalogue(model.struct_types),
-                                      model_dir=model.model_dir, path=f"{g.path()}.encoded_initializer[{name!r}]")
-            return v.const.numpy()
-        raise CodecError(f"no initializer named {name!r} in the model")
-    if getattr(model, "DESCRIPTOR", None) is not None and model.DESCRIPTOR.full_name == "onnx.ModelProto":
-        model = schema.from_onnx(model)
-    enc = _find_encoded_proto(model.graph, name)
+    if _is_ir(model):
+        return _decode_ir(model, name)
+    message, model_dir = read_model(model)
+    enc = _find_encoded_proto(message.graph, name)
     if enc is not None:
-        catalogue = Catalogue([struct_from_proto(s) for s in model.struct_types])
+        catalogue = Catalogue([struct_from_proto(s) for s in message.struct_types])
         return decode_encoded(encoded_from_proto(enc), catalogue, model_dir=model_dir,
                               path=f"graph.encoded_initializer[{name!r}]")
-    for t in model.graph.initializer:
+    for t in message.graph.initializer:
         if t.name == name:
-            from onnx import numpy_helper
-
-            return numpy_helper.to_array(schema.to_onnx(t), base_dir=model_dir or "")
+            return dense_to_numpy(t, model_dir, f"graph.initializer[{name!r}]")
     raise CodecError(f"no initializer named {name!r} in the model")
 
 

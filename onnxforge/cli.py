@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from typing import Any
 
@@ -25,55 +24,27 @@ from onnxforge.errors import OnnxforgeError
 __all__ = ["main", "build_parser"]
 
 
+_BUILTIN = "builtin:"
+
+
 def _read_model(source: str) -> tuple[Any, str | None]:
     """Extended ModelProto message and its folder (for external data)."""
     from onnxforge.proto_ext import schema
 
-    if source.startswith("builtin:"):
+    if source.startswith(_BUILTIN):
         from onnxforge.samples import builtin_model
 
-        return schema.from_onnx(builtin_model(source.split(":", 1)[1])), None
-    if not os.path.exists(source):
-        raise OnnxforgeError(f"no such model file: {source}")
-    with open(source, "rb") as fh:
-        data = fh.read()
-    return schema.parse_model(data), os.path.dirname(os.path.abspath(source))
-
-
-def _initializer_bytes(model: Any) -> dict[str, int]:
-    out: dict[str, int] = {}
-    g = model.graph
-    for t in g.initializer:
-        length = None
-        for e in t.external_data:
-            if e.key == "length" and e.value.isdigit():
-                length = int(e.value)
-        if length is None:
-            from onnxforge.report import tensor_bytes
-
-            length = len(t.raw_data) if t.HasField("raw_data") else tensor_bytes(t.data_type, tuple(t.dims))
-        out[t.name] = length
-    for e in g.encoded_initializer:
-        length = len(e.raw_data)
-        for kv in e.external_data:
-            if kv.key == "length" and kv.value.isdigit():
-                length = int(kv.value)
-        out[e.name] = length
-    return out
+        return schema.from_onnx(builtin_model(source[len(_BUILTIN):])), None
+    return schema.read_model(source)
 
 
 def _load_ir(source: str):
     from onnxforge.api import load
 
-    if source.startswith("builtin:"):
-        from onnxforge.samples import BUILTINS
+    if source.startswith(_BUILTIN):
+        from onnxforge.samples import build_builtin
 
-        name = source.split(":", 1)[1]
-        if name not in BUILTINS:
-            raise OnnxforgeError(f"no built-in model {name!r}; known: {sorted(BUILTINS)}")
-        return BUILTINS[name]()
-    if not os.path.exists(source):
-        raise OnnxforgeError(f"no such model file: {source}")
+        return build_builtin(source[len(_BUILTIN):])
     return load(source)
 
 
@@ -202,10 +173,9 @@ def build_parser() -> argparse.ArgumentParser:
     insp = sub.add_parser("inspect", help="summarize a model")
     insp.add_argument("model", help="model path or builtin:decoder")
     insp.add_argument("--json", action="store_true", help="print JSON instead of text")
-    insp.set_defaults(func=_cmd_inspect)
-
     insp.add_argument("--values", action="store_true",
                       help="also list every value's inferred (symbolic) type")
+    insp.set_defaults(func=_cmd_inspect)
 
     opt = sub.add_parser("optimize", help="run the optimization pipeline and save the result")
     opt.add_argument("model", help="model path or builtin:decoder")

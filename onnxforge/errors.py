@@ -11,6 +11,7 @@ __all__ = [
     "CodecError",
     "ExportError",
     "ExternalDataError",
+    "ModelFileError",
     "OnnxforgeError",
     "Violation",
     "VerificationError",
@@ -24,6 +25,10 @@ class OnnxforgeError(Exception):
 
 class WireError(OnnxforgeError, ValueError):
     """Bytes that are not a well-formed (extended) ONNX protobuf message."""
+
+
+class ModelFileError(OnnxforgeError, OSError):
+    """A model path that cannot be read as a file: missing, a directory, not readable."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +66,18 @@ class CodecError(OnnxforgeError, ValueError):
 
 
 class ExternalDataError(OnnxforgeError, ValueError):
-    """An external-data reference is unsafe (escapes the model folder) or out of bounds."""
+    """An external-data reference is unsafe (escapes the model folder) or out of bounds.
+
+    When a rule of RULES.md applies, ``rule`` is its ID (``"P4"``, ``"P5"``), ``path``
+    names the object and the message reads ``[rule] path: detail``; otherwise ``rule``
+    and ``path`` are None and the message is ``detail``.
+    """
+
+    def __init__(self, detail: str, *, rule: str | None = None, path: str | None = None):
+        self.rule = rule
+        self.path = path
+        self.detail = detail
+        super().__init__(detail if rule is None else f"[{rule}] {path}: {detail}")
 
 
 class ExportError(OnnxforgeError):

@@ -6,12 +6,11 @@ reads payload bytes.
 """
 from __future__ import annotations
 
-import math
 from collections import Counter
 from typing import Any
 
+from onnxforge.proto_ext.schema import MUST_ALIAS, READ_WRITE
 from onnxforge.proto_ext.types import (
-    BITS,
     MapType,
     OptionalType,
     SequenceType,
@@ -29,9 +28,7 @@ def format_type(t: Type) -> str:
     """Readable type: ``FLOAT[batch, past + seq, 32]``, ``seq(...)``, ``struct(type_ref=7)``."""
     if t is None:
         return "?"
-    if isinstance(t, (SequenceType, OptionalType, MapType, StructType)):
-        return str(t)
-    if isinstance(t, TensorType):
+    if isinstance(t, (TensorType, SequenceType, OptionalType, MapType, StructType)):
         return str(t)
     return type(t).__name__
 
@@ -75,7 +72,7 @@ def summarize(view: ModelView, initializer_bytes: dict[str, int]) -> dict[str, A
             out = n.outputs[a.output_index] if 0 <= a.output_index < len(n.outputs) else "?"
             inp = n.inputs[a.input_index] if 0 <= a.input_index < len(n.inputs) else "?"
             aliases.append({"node": n.path, "output": out, "input": inp,
-                            "kind": "MUST_ALIAS" if a.kind == 1 else str(a.kind)})
+                            "kind": "MUST_ALIAS" if a.kind == MUST_ALIAS else str(a.kind)})
     value_aliases = [
         {"value": v.name, "alias_of": v.alias_of}
         for v in [*g.inputs, *g.outputs, *g.value_infos] if v.alias_of
@@ -106,7 +103,7 @@ def summarize(view: ModelView, initializer_bytes: dict[str, int]) -> dict[str, A
         "nodes": sum(hist.values()),
         "op_histogram": dict(sorted(hist.items(), key=lambda kv: (-kv[1], kv[0]))),
         "inputs": [{"name": v.name, "type": format_type(v.type),
-                    "access": "READ_WRITE" if v.access == 1 else "READ_ONLY"} for v in g.inputs],
+                    "access": "READ_WRITE" if v.access == READ_WRITE else "READ_ONLY"} for v in g.inputs],
         "outputs": [{"name": v.name, "type": format_type(v.type)} for v in g.outputs],
         "initializers": {"count": len(g.initializers), "bytes": dense_bytes},
         "struct_types": [_struct_entry(s) for s in view.struct_types],
@@ -116,11 +113,6 @@ def summarize(view: ModelView, initializer_bytes: dict[str, int]) -> dict[str, A
         "value_aliases": value_aliases,
         "functions": [f"{f.domain}::{f.name}" for f in view.functions],
     }
-
-
-def tensor_bytes(elem_type: int, dims: tuple[int, ...]) -> int:
-    bits = BITS.get(elem_type, 0)
-    return math.ceil(math.prod(dims) * bits / 8)
 
 
 def render_text(s: dict[str, Any]) -> str:

@@ -17,7 +17,6 @@ updated caches.
 from __future__ import annotations
 
 import os
-import struct
 import sys
 from dataclasses import dataclass
 
@@ -26,7 +25,7 @@ from onnx import TensorProto
 
 from onnxforge.errors import OnnxforgeError
 
-__all__ = ["DecoderConfig", "build_decoder", "builtin_model", "run_demo", "BUILTINS"]
+__all__ = ["DecoderConfig", "build_builtin", "build_decoder", "builtin_model", "run_demo", "BUILTINS"]
 
 FLOAT, INT64, INT4 = TensorProto.FLOAT, TensorProto.INT64, TensorProto.INT4
 
@@ -47,13 +46,14 @@ class DecoderConfig:
 def _int4_block_records(w: np.ndarray) -> tuple[bytes, np.ndarray]:
     """Encode ``w`` (row-major, size % 32 == 0) as Int4Block records; returns the payload
     and the exactly representable weights it decodes to."""
+    from onnxforge.proto_ext.codecs.bits import pack_codes
+
     flat = w.reshape(-1, 32).astype(np.float64)
     scale = np.maximum(np.abs(flat).max(axis=1) / 7.0, 1e-8).astype(np.float32)
     codes = np.clip(np.rint(flat / scale[:, None]), -8, 7).astype(np.int8)
-    lo = (codes[:, 0::2] & 0xF).astype(np.uint8)
-    hi = (codes[:, 1::2] & 0xF).astype(np.uint8)
-    packed = lo | (hi << 4)
-    payload = b"".join(packed[r].tobytes() + struct.pack("<f", scale[r]) for r in range(len(scale)))
+    # a record: 32 INT4 codes (16 bytes, packed like raw_data), then the scale as little-endian float
+    packed = np.frombuffer(pack_codes(codes, 4), np.uint8).reshape(len(scale), 16)
+    payload = np.concatenate([packed, scale.astype("<f4").view(np.uint8).reshape(-1, 4)], axis=1).tobytes()
     decoded = (codes.astype(np.float32) * scale[:, None]).reshape(w.shape)
     return payload, decoded
 
@@ -162,15 +162,20 @@ def _int4_array_type(n: int):
 BUILTINS = {"decoder": build_decoder}
 
 
-def builtin_model(name: str):
-    """A built-in model as a stock ``onnx.ModelProto`` (extensions as unknown fields)."""
+def build_builtin(name: str):
+    """The built-in model ``name`` as an IR ``Model``."""
     try:
         factory = BUILTINS[name]
     except KeyError:
         raise OnnxforgeError(f"no built-in model {name!r}; known: {sorted(BUILTINS)}") from None
+    return factory()
+
+
+def builtin_model(name: str):
+    """A built-in model as a stock ``onnx.ModelProto`` (extensions as unknown fields)."""
     from onnxforge.graphbuilder.serde import to_onnx
 
-    return to_onnx(factory())
+    return to_onnx(build_builtin(name))
 
 
 def run_demo(output_dir: str, out=sys.stdout, steps: int = 8) -> int:

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
-from onnxforge.proto_ext.types import StructType, Type
+from onnxforge.proto_ext.types import StructType
 
-__all__ = ["Catalogue", "child_types"]
+__all__ = ["Catalogue"]
 
 
 class Catalogue:
@@ -44,19 +44,3 @@ class Catalogue:
     def ids(self) -> Iterator[int]:
         return iter(self._by_id)
 
-
-def child_types(t: Type) -> Iterator[Type]:
-    """Directly nested types of a type record (struct fields, array elements, members);
-    references are not followed."""
-    from onnxforge.proto_ext.types import MapType, OptionalType, SequenceType
-
-    if isinstance(t, (SequenceType, OptionalType)):
-        yield t.elem
-    elif isinstance(t, MapType):
-        yield t.value
-    elif isinstance(t, StructType):
-        for f in t.fields:
-            if f.type is not None:
-                yield f.type
-        if t.array is not None:
-            yield t.array.element_type

@@ -8,10 +8,12 @@ rule ID. ``*_to_proto`` writes a record back into a message; a round trip
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any
 
 from onnx import TensorProto
 
+from onnxforge.errors import CodecError
 from onnxforge.proto_ext import schema
 from onnxforge.proto_ext.types import (
     BITS,
@@ -32,14 +34,17 @@ from onnxforge.proto_ext.types import (
     StructType,
     TensorType,
     Type,
+    type_name,
 )
 
 __all__ = [
+    "text",
     "type_from_proto",
     "type_to_proto",
     "struct_from_proto",
     "struct_to_proto",
     "constant_from_proto",
+    "dense_to_numpy",
     "function_blob_from_proto",
     "encoded_from_proto",
     "encoded_to_proto",
@@ -49,6 +54,13 @@ __all__ = [
 Message = Any
 
 _COMPLEX_PAIRS = {TensorProto.COMPLEX64, TensorProto.COMPLEX128}
+
+
+def text(s: str | bytes) -> str:
+    """A string field as text. Protobuf returns a proto2 string that is not valid UTF-8
+    as ``bytes``; its bad bytes become backslash escapes (``'\\x80abc'``), so that
+    names are always ``str`` (and such a name matches no well-formed one)."""
+    return s if type(s) is str else bytes(s).decode("utf-8", "backslashreplace")
 
 
 def shape_from_proto(shape: Message) -> tuple[tuple[Dim, ...], tuple[str, ...] | None]:
@@ -96,14 +108,8 @@ def type_from_proto(tp: Message) -> Type:
         return OpaqueType(tp.opaque_type.domain, tp.opaque_type.name, den)
     if case == "struct_type":
         st = struct_from_proto(tp.struct_type)
-        if den:
-            st = StructType(**{**_struct_kwargs(st), "denotation": den})
-        return st
+        return replace(st, denotation=den) if den else st
     return None
-
-
-def _struct_kwargs(st: StructType) -> dict:
-    return {name: getattr(st, name) for name in st.__slots__}
 
 
 def type_to_proto(t: Type, out: Message) -> Message:
@@ -143,6 +149,12 @@ def type_to_proto(t: Type, out: Message) -> Message:
     return out
 
 
+def _packed_elements(nbytes: int, n: int, bits: int) -> int:
+    """Elements held by ``nbytes`` packed bytes of ``bits``-bit elements: ``n`` when the
+    size is exactly the packed size of ``n`` elements (padding bits included)."""
+    return n if nbytes == (n * bits + 7) // 8 else nbytes * 8 // bits
+
+
 def _stored_elements(t: Message) -> int:
     """Number of elements a TensorProto stores (for rule T6)."""
     dt = t.data_type
@@ -151,14 +163,10 @@ def _stored_elements(t: Message) -> int:
     if t.data_location == TensorProto.EXTERNAL:
         for e in t.external_data:
             if e.key == "length" and e.value.isdigit() and bits:
-                nbytes = int(e.value)
-                return n if nbytes == math.ceil(n * bits / 8) else nbytes * 8 // bits
+                return _packed_elements(int(e.value), n, bits)
         return n  # length unknown here; checked when the payload is mapped
     if t.raw_data:
-        if not bits:
-            return -1
-        nbytes = len(t.raw_data)
-        return n if nbytes == math.ceil(n * bits / 8) else nbytes * 8 // bits
+        return _packed_elements(len(t.raw_data), n, bits) if bits else -1
     if dt == TensorProto.STRING:
         return len(t.string_data)
     per = 2 if dt in _COMPLEX_PAIRS else 1
@@ -166,7 +174,7 @@ def _stored_elements(t: Message) -> int:
         count = len(getattr(t, name))
         if count:
             if bits and bits < 8 and name == "int32_data":
-                return n if count == math.ceil(n * bits / 8) else count * 8 // bits
+                return _packed_elements(count, n, bits)
             return count // per
     return 0
 
@@ -180,7 +188,8 @@ def _constant_to_proto(c: Constant, out: Message) -> None:
 
 
 def function_blob_from_proto(f: Message) -> FunctionBlob:
-    return FunctionBlob(f.SerializeToString(), f.name, f.domain, tuple(f.input), tuple(f.output))
+    return FunctionBlob(f.SerializeToString(), text(f.name), text(f.domain), tuple(map(text, f.input)),
+                        tuple(map(text, f.output)))
 
 
 def struct_from_proto(st: Message) -> StructType:
@@ -191,7 +200,7 @@ def struct_from_proto(st: Message) -> StructType:
     if kind == "structure":
         fields = tuple(
             StructField(
-                f.name,
+                text(f.name),
                 type_from_proto(f.type) if f.HasField("type") else None,
                 constant_from_proto(f.constant) if f.HasField("constant") else None,
                 f.doc_string,
@@ -205,7 +214,7 @@ def struct_from_proto(st: Message) -> StructType:
                           a.dimension)
     elif kind == "bit_packing":
         b = st.bit_packing
-        bit_packing = BitPackingKind(tuple(Component(c.name, c.bit_width) for c in b.component),
+        bit_packing = BitPackingKind(tuple(Component(text(c.name), c.bit_width) for c in b.component),
                                      b.dimension)
     elif kind == "type_ref":
         type_ref = st.type_ref
@@ -217,7 +226,7 @@ def struct_from_proto(st: Message) -> StructType:
         type_ref=type_ref,
         decoder=function_blob_from_proto(st.decoder) if st.HasField("decoder") else None,
         encoder=function_blob_from_proto(st.encoder) if st.HasField("encoder") else None,
-        name=st.name,
+        name=text(st.name),
         doc_string=st.doc_string,
         metadata=tuple((p.key, p.value) for p in st.metadata_props),
         type_id=st.type_id if st.HasField("type_id") else None,
@@ -283,7 +292,7 @@ def encoded_from_proto(ev: Message, raw_data: bytes | memoryview | None = None) 
             a.block_size if a.HasField("block_size") else None,
         )
     return EncodedValue(
-        name=ev.name,
+        name=text(ev.name),
         affine=affine,
         struct_type=struct_from_proto(ev.struct_type) if layout == "struct_type" else None,
         logical_type=type_from_proto(ev.logical_type) if ev.HasField("logical_type") else None,
@@ -337,14 +346,51 @@ def constant_from_numpy(array: Any, name: str = "") -> Constant:
     return Constant(t.data_type, tuple(t.dims), t.SerializeToString(), int(arr.size), name)
 
 
-def tensor_proto_to_numpy(data: bytes, base_dir: str = "") -> Any:
-    """Decode serialized TensorProto bytes to numpy with stock onnx."""
+def tensor_proto_to_numpy(data: bytes, *, path: str = "tensor") -> Any:
+    """Decode serialized TensorProto bytes, payload inline, to numpy with stock onnx.
+
+    A malformed tensor (dims that do not match the stored elements, an unknown
+    data_type...) or an external payload raises :class:`CodecError` naming ``path``;
+    external payloads go through :func:`dense_to_numpy`, which maps them safely."""
     import onnx
+    from google.protobuf.message import DecodeError
     from onnx import numpy_helper
 
     t = onnx.TensorProto()
-    t.ParseFromString(data)
-    return numpy_helper.to_array(t, base_dir=base_dir)
+    try:
+        t.ParseFromString(data)
+    except DecodeError:
+        raise CodecError(f"{path}: malformed TensorProto bytes") from None
+    if t.data_location == TensorProto.EXTERNAL:
+        raise CodecError(f"{path}: the payload is external data; it is read only through the "
+                         "model's folder")
+    try:
+        return numpy_helper.to_array(t)
+    except (ValueError, TypeError, KeyError, IndexError) as exc:
+        raise CodecError(f"{path}: cannot decode the {type_name(t.data_type)} tensor of dims "
+                         f"{list(t.dims)}: {exc}") from None
+
+
+def dense_to_numpy(t: Message, model_dir: str | None, path: str) -> Any:
+    """The value of a dense ``TensorProto`` message as numpy.
+
+    An external payload is memory-mapped from ``model_dir`` after the checks of
+    rules P4 and P5 (:mod:`onnxforge.proto_ext.external`), which raise
+    :class:`ExternalDataError`; without a folder it raises :class:`CodecError`."""
+    if t.data_location != TensorProto.EXTERNAL:
+        return tensor_proto_to_numpy(t.SerializeToString(), path=path)
+    from onnxforge.proto_ext.external import map_external, parse_external_entries
+
+    where = f"{path}.external_data"
+    if model_dir is None:
+        raise CodecError(f"{path}: external payload but the model's folder is unknown")
+    ref = parse_external_entries([(e.key, e.value) for e in t.external_data], path=where)
+    inline = type(t)()
+    inline.CopyFrom(t)
+    inline.ClearField("external_data")
+    inline.ClearField("data_location")
+    inline.raw_data = bytes(map_external(model_dir, ref, path=where))
+    return tensor_proto_to_numpy(inline.SerializeToString(), path=path)
 
 
 def encoded_layout_key(e: EncodedValue) -> bytes:

@@ -11,7 +11,8 @@ Every check happens before a single payload byte is read:
   once, non-empty ``location``, base-10 non-negative ``offset``/``length``).
 * :func:`resolve_location` enforces rule P5: ``location`` is a relative path
   that stays inside the model directory after symlinks are resolved and names
-  an existing regular file.
+  an existing regular file; :func:`check_location` does the part of it that
+  needs no file system, :func:`check_extent` adds the bounds check below.
 * :meth:`ExternalDataCache.map` checks ``offset + length`` against the file
   size, then maps the file read-only and returns a read-only ``memoryview``
   of exactly the referenced bytes. Tensors stored in one file share one
@@ -39,6 +40,7 @@ operating system reports access beyond the new end as a bus error.
 """
 from __future__ import annotations
 
+import math
 import mmap
 import os
 import re
@@ -58,6 +60,8 @@ __all__ = [
     "ExternalDataCache",
     "ExternalRef",
     "as_numpy",
+    "check_extent",
+    "check_location",
     "map_external",
     "parse_external_entries",
     "resolve_location",
@@ -74,7 +78,7 @@ _O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
 
 def _error(rule: str, path: str, message: str) -> ExternalDataError:
-    return ExternalDataError(f"[{rule}] {path}: {message}")
+    return ExternalDataError(message, rule=rule, path=path)
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,8 +154,10 @@ def parse_external_entries(
     return ExternalRef(location=location, offset=offset, length=length, checksum=seen.get("checksum"))
 
 
-def _check_location_text(location: object, path: str) -> str:
-    """Lexical P5 checks that need no file system access."""
+def check_location(location: object, *, path: str) -> str:
+    """Lexical P5 checks, which need no file system access (for when the model
+    directory is unknown): a non-empty string without NUL bytes, relative, with no
+    ``..`` component. Returns ``location``; raises :class:`ExternalDataError`."""
     if not isinstance(location, str):
         raise _error("P5", path, f"location must be a string, got {type(location).__name__}")
     if not location:
@@ -185,7 +191,7 @@ def _inside(directory: str, candidate: str) -> bool:
 
 
 def _resolve(model_dir: str | os.PathLike[str], location: str, path: str) -> tuple[str, os.stat_result]:
-    _check_location_text(location, path)
+    check_location(location, path=path)
     directory = _real_dir(model_dir, path)
     target = os.path.realpath(os.path.join(directory, location))
     if not _inside(directory, target):
@@ -234,6 +240,23 @@ def _checked_range(ref: ExternalRef, size: int, path: str) -> tuple[int, int]:
             f"offset {offset} + length {length} = {offset + length} exceeds the size of {ref.location!r} ({size} bytes)",
         )
     return offset, length
+
+
+def _extent(model_dir: str | os.PathLike[str], ref: ExternalRef, path: str
+            ) -> tuple[str, os.stat_result, int, int]:
+    """Real path, stat result, offset and length of ``ref`` once P5 holds for it."""
+    if not isinstance(ref, ExternalRef):
+        raise _error("P4", path, f"expected an ExternalRef, got {type(ref).__name__}")
+    target, info = _resolve(model_dir, ref.location, path)
+    offset, length = _checked_range(ref, info.st_size, path)
+    return target, info, offset, length
+
+
+def check_extent(model_dir: str | os.PathLike[str], ref: ExternalRef, *, path: str) -> int:
+    """Check rule P5 for ``ref`` without opening the file: the location resolves to a
+    regular file inside ``model_dir`` and ``[offset, offset + length)`` fits in it.
+    Returns the length in bytes; raises :class:`ExternalDataError` naming ``path``."""
+    return _extent(model_dir, ref, path)[3]
 
 
 _Key = tuple[str, int, int, int, int]
@@ -286,10 +309,7 @@ class ExternalDataCache:
         opening the file. A zero-length range gives an empty view without
         mapping anything. Raises :class:`ExternalDataError` naming ``path``.
         """
-        if not isinstance(ref, ExternalRef):
-            raise _error("P4", path, f"expected an ExternalRef, got {type(ref).__name__}")
-        target, info = _resolve(self._directory, ref.location, path)
-        offset, length = _checked_range(ref, info.st_size, path)
+        target, info, offset, length = _extent(self._directory, ref, path)
         if length == 0:
             return memoryview(b"")
         key: _Key = (target, info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
@@ -371,7 +391,7 @@ def write_external(
     if not payload.c_contiguous:
         raise _error("P5", where, "data is not C-contiguous")
     payload = payload.cast("B") if payload.ndim != 1 or payload.format != "B" else payload
-    _check_location_text(location, where)
+    check_location(location, path=where)
     directory = _real_dir(path_dir, where)
     if not os.path.isdir(directory):
         raise _error("P5", where, f"model directory {directory!r} does not exist or is not a directory")
@@ -434,9 +454,7 @@ def as_numpy(
     if any(type(d) is not int and not isinstance(d, np.integer) for d in dims) or any(d < 0 for d in dims):
         raise _error("P5", path, f"shape {shape!r} must be a sequence of non-negative integers")
     dims = tuple(int(d) for d in dims)
-    count = 1
-    for d in dims:
-        count *= d
+    count = math.prod(dims)
     if count * dt.itemsize != view.nbytes:
         raise _error(
             "P5",

@@ -26,16 +26,19 @@ ValueInfoProto            string alias_of                            1001
 
 Use the classes as ``schema.ModelProto`` etc.; convert a stock message with
 :func:`from_onnx` and back with :func:`to_onnx` (both go through the wire bytes).
+:func:`read_model` turns a path, bytes or a message into an extended ``ModelProto``
+with typed errors for files that cannot be read.
 """
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any
 
 import onnx
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.message import DecodeError, Message
 
-from onnxforge.errors import WireError
+from onnxforge.errors import ModelFileError, WireError
 
 __all__ = [
     "PACKAGE",
@@ -51,7 +54,9 @@ __all__ = [
     "MUST_ALIAS",
     "from_onnx",
     "to_onnx",
+    "model_file_error",
     "parse_model",
+    "read_model",
 ]
 
 PACKAGE = "onnxforge_ext"
@@ -303,6 +308,45 @@ def parse(name: str, data: bytes | bytearray | memoryview) -> Message:
 def parse_model(data: bytes | bytearray | memoryview) -> Message:
     """Parse extended ``ModelProto`` bytes (raises :class:`WireError` on malformed input)."""
     return parse("ModelProto", data)
+
+
+def model_file_error(path: str, exc: OSError) -> ModelFileError:
+    """The :class:`ModelFileError` for an ``OSError`` raised while opening model file ``path``."""
+    if isinstance(exc, FileNotFoundError):
+        return ModelFileError(f"no such model file: {path}")
+    if isinstance(exc, IsADirectoryError) or os.path.isdir(path):
+        return ModelFileError(f"{path} is a directory, not a model file")
+    return ModelFileError(f"cannot read model file {path}: {exc.strerror or exc}")
+
+
+def read_model(source: Any, model_dir: str | os.PathLike[str] | None = None
+               ) -> tuple[Message, str | None]:
+    """The extended ``ModelProto`` of a model path, serialized bytes, or a stock or extended
+    ``ModelProto`` message (an extended one is returned as it is), with the folder that
+    external data is relative to: ``model_dir``, else a path's folder, else None.
+
+    Raises :class:`ModelFileError` when a path is missing, a directory or unreadable,
+    :class:`WireError` for an empty file or malformed bytes, and ``TypeError`` for any
+    other kind of ``source``."""
+    folder = None if model_dir is None else os.fspath(model_dir)
+    if isinstance(source, (str, os.PathLike)):
+        path = os.fspath(source)
+        try:
+            with open(path, "rb") as fh:
+                data = fh.read()
+        except OSError as exc:
+            raise model_file_error(path, exc) from None
+        if not data:
+            raise WireError(f"{path!r} is empty: not an ONNX model")
+        return parse_model(data), folder if folder is not None else os.path.dirname(os.path.abspath(path))
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        return parse_model(source), folder
+    full_name = getattr(getattr(source, "DESCRIPTOR", None), "full_name", None)
+    if full_name == f"{PACKAGE}.ModelProto":
+        return source, folder
+    if full_name == "onnx.ModelProto":
+        return from_onnx(source), folder
+    raise TypeError(f"expected a model path, bytes or a ModelProto, got {type(source).__name__}")
 
 
 def from_onnx(msg: Message) -> Message:

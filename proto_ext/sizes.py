@@ -60,7 +60,7 @@ from onnx import TensorProto
 
 from onnxforge.errors import VerificationError, Violation
 from onnxforge.proto_ext.catalogue import Catalogue
-from onnxforge.proto_ext.types import BITS, Constant, StructType, TensorType, Type, type_name
+from onnxforge.proto_ext.types import BITS, ELEM_TYPES, Constant, StructType, TensorType, Type, type_name
 
 __all__ = [
     "UINT64_MAX",
@@ -75,11 +75,11 @@ __all__ = [
     "leaf_paths",
     "leaf_count",
     "declaration_path",
+    "field_path",
 ]
 
 UINT64_MAX = (1 << 64) - 1
 
-_KNOWN_ELEM_TYPES = frozenset(TensorProto.DataType.values()) - {TensorProto.UNDEFINED}
 _UNSIGNED_BY_WIDTH = ((8, TensorProto.UINT8), (16, TensorProto.UINT16),
                       (32, TensorProto.UINT32), (64, TensorProto.UINT64))
 
@@ -124,7 +124,8 @@ def _join(prefix: str, name: str) -> str:
     return f"{prefix}.{name}" if name else prefix
 
 
-def _field_path(path: str, name: str, index: int) -> str:
+def field_path(path: str, name: str, index: int) -> str:
+    """Object path of field ``index`` (named ``name``, if it has a name) of the structure at ``path``."""
     return f"{path}.structure.field[{name!r}]" if name else f"{path}.structure.field[{index}]"
 
 
@@ -242,7 +243,7 @@ def _struct_refs(st: StructType, path: str) -> Iterator[tuple[int, str]]:
     elif st.kind == "structure":
         for i, f in enumerate(st.fields):
             if isinstance(f.type, StructType) and f.constant is None:
-                yield from _struct_refs(f.type, f"{_field_path(path, f.name, i)}.type.struct_type")
+                yield from _struct_refs(f.type, f"{field_path(path, f.name, i)}.type.struct_type")
     elif st.kind == "array" and st.array is not None and isinstance(st.array.element_type, StructType):
         yield from _struct_refs(st.array.element_type, f"{path}.array.element_type.struct_type")
 
@@ -326,7 +327,7 @@ class LayoutCache:
     # -- sizes ----------------------------------------------------------------------------
 
     def _tensor_bits(self, t: TensorType, path: str) -> int:
-        if t.elem_type not in _KNOWN_ELEM_TYPES:
+        if t.elem_type not in ELEM_TYPES:
             _fail("T3", f"{path}.tensor_type.elem_type",
                   f"elem_type {type_name(t.elem_type)} is not a defined element type")
         width = BITS.get(t.elem_type)
@@ -357,7 +358,7 @@ class LayoutCache:
         if t.kind == "structure":
             total = 0
             for i, f in enumerate(t.fields):
-                fpath = _field_path(path, f.name, i)
+                fpath = field_path(path, f.name, i)
                 has_type = f.type is not None or f.has_type
                 if has_type and f.constant is not None:
                     _fail("T2", fpath, "the field sets both type and constant")
@@ -445,7 +446,7 @@ class LayoutCache:
         elif t.kind == "structure":
             at = offset
             for i, f in enumerate(t.fields):
-                fpath = _field_path(path, f.name, i)
+                fpath = field_path(path, f.name, i)
                 name = _join(prefix, f.name)
                 if f.constant is not None:
                     c = f.constant
@@ -503,7 +504,7 @@ class LayoutCache:
             return self._counts[tid]
         if t.kind == "structure":
             return sum(1 if f.constant is not None
-                       else self._count(f.type, f"{_field_path(path, f.name, i)}.type.struct_type")
+                       else self._count(f.type, f"{field_path(path, f.name, i)}.type.struct_type")
                        for i, f in enumerate(t.fields))
         if t.kind == "array":
             elem = t.array.element_type if t.array is not None else None
@@ -529,7 +530,7 @@ class LayoutCache:
                 if f.constant is not None:
                     out.append(name)
                 else:
-                    self._names(f.type, name, f"{_field_path(path, f.name, i)}.type.struct_type", out)
+                    self._names(f.type, name, f"{field_path(path, f.name, i)}.type.struct_type", out)
         elif t.kind == "array":
             elem = t.array.element_type if t.array is not None else None
             self._names(elem, prefix, f"{path}.array.element_type.struct_type", out)

@@ -11,7 +11,7 @@ A dimension (:data:`Dim`) is an ``int`` (``dim_value``), a ``str``
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Union
+from typing import Any, Union
 
 from onnx import TensorProto
 
@@ -34,6 +34,7 @@ __all__ = [
     "AffineLayout",
     "EncodedValue",
     "BITS",
+    "ELEM_TYPES",
     "FLOAT_TYPES",
     "bits_of",
     "type_name",
@@ -58,6 +59,9 @@ BITS: dict[int, int] = {
 
 FLOAT_TYPES = frozenset(
     {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.DOUBLE})
+
+# Every defined element type (UNDEFINED and codes outside the enum excluded).
+ELEM_TYPES = frozenset(TensorProto.DataType.values()) - {TensorProto.UNDEFINED}
 
 
 def bits_of(elem_type: int) -> int | None:
@@ -142,7 +146,8 @@ class Constant:
     """A TensorProto constant kept as its serialized bytes (lossless) plus a header.
 
     ``stored`` is the number of elements actually stored in the proto (used by
-    rule T6); ``array()`` decodes it with stock onnx.
+    rule T6); ``array(path)`` decodes it with stock onnx (a malformed constant
+    raises :class:`~onnxforge.errors.CodecError` naming ``path``).
     """
 
     data_type: int
@@ -151,13 +156,10 @@ class Constant:
     stored: int
     name: str = ""
 
-    def array(self):  # -> np.ndarray
-        import onnx
-        from onnx import numpy_helper
+    def array(self, path: str = "constant") -> Any:  # np.ndarray
+        from onnxforge.proto_ext.convert import tensor_proto_to_numpy
 
-        t = onnx.TensorProto()
-        t.ParseFromString(self.proto)
-        return numpy_helper.to_array(t)
+        return tensor_proto_to_numpy(self.proto, path=path)
 
 
 @dataclass(frozen=True, slots=True)
@@ -259,7 +261,11 @@ class EncodedValue:
     ``raw_data`` is inline payload (bytes or a read-only memoryview into a mapped
     file); ``external_data`` the raw key/value entries; ``data_location`` 0/1 or
     None when unset. Exactly one of ``affine`` and ``struct_type`` should be set
-    (rule P1); ``layout_count`` counts how many were present on the wire.
+    (rule P1): the wire's ``layout`` oneof keeps at most one, so both set only
+    happens to records built in memory. ``has_logical_type`` is True when a
+    ``logical_type`` message was present, even an empty one. ``extra`` holds what
+    a loader attaches for a lossless save (``"verbatim"``: the header's wire bytes
+    when the record cannot reproduce them).
     """
 
     name: str
@@ -271,7 +277,7 @@ class EncodedValue:
     data_location: int | None = None
     doc_string: str = ""
     has_logical_type: bool = False
-    extra: dict = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def is_external(self) -> bool:

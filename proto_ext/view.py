@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 from onnx import AttributeProto, TensorProto
 
-from onnxforge.proto_ext.convert import encoded_from_proto, struct_from_proto, type_from_proto
+from onnxforge.proto_ext.convert import encoded_from_proto, struct_from_proto, text, type_from_proto
 from onnxforge.proto_ext.types import EncodedValue, StructType, Type
 
 __all__ = [
@@ -27,6 +27,7 @@ __all__ = [
     "GraphView",
     "FunctionView",
     "ModelView",
+    "function_path",
     "view_from_proto",
 ]
 
@@ -103,38 +104,44 @@ class ModelView:
     opsets: dict[str, int] = field(default_factory=dict)
 
 
+def _texts(values: Any) -> list[str]:
+    return [s if type(s) is str else text(s) for s in values]
+
+
 def _value_spec(vi: Any) -> ValueSpec:
     has = vi.HasField("type")
-    return ValueSpec(vi.name, type_from_proto(vi.type) if has else None, has, vi.access, vi.alias_of)
+    return ValueSpec(text(vi.name), type_from_proto(vi.type) if has else None, has, vi.access,
+                     text(vi.alias_of))
 
 
 def _node_view(node: Any, path: str) -> NodeView:
-    label = f"{path}({node.name!r})" if node.name else path
+    name = text(node.name)
+    label = f"{path}({name!r})" if name else path
     nv = NodeView(
         path=label,
-        name=node.name,
-        op_type=node.op_type,
-        domain=node.domain,
-        inputs=list(node.input),
-        outputs=list(node.output),
+        name=name,
+        op_type=text(node.op_type),
+        domain=text(node.domain),
+        inputs=_texts(node.input),
+        outputs=_texts(node.output),
         output_alias=[AliasSpec(a.output_index, a.input_index, a.kind) for a in node.output_alias],
     )
     for attr in node.attribute:
+        aname = text(attr.name)
         if attr.type == AttributeProto.GRAPH:
-            nv.subgraphs.append(
-                (attr.name, _graph_view(attr.g, f"{label}.attribute[{attr.name!r}].g", False)))
+            nv.subgraphs.append((aname, _graph_view(attr.g, f"{label}.attribute[{aname!r}].g", False)))
         elif attr.type == AttributeProto.GRAPHS:
             for i, g in enumerate(attr.graphs):
                 nv.subgraphs.append(
-                    (attr.name, _graph_view(g, f"{label}.attribute[{attr.name!r}].graphs[{i}]", False)))
+                    (aname, _graph_view(g, f"{label}.attribute[{aname!r}].graphs[{i}]", False)))
         elif attr.type == AttributeProto.INT:
-            nv.attributes[attr.name] = attr.i
+            nv.attributes[aname] = attr.i
         elif attr.type == AttributeProto.FLOAT:
-            nv.attributes[attr.name] = attr.f
+            nv.attributes[aname] = attr.f
         elif attr.type == AttributeProto.STRING:
-            nv.attributes[attr.name] = attr.s
+            nv.attributes[aname] = attr.s
         elif attr.type == AttributeProto.INTS:
-            nv.attributes[attr.name] = tuple(attr.ints)
+            nv.attributes[aname] = tuple(attr.ints)
     return nv
 
 
@@ -162,7 +169,7 @@ def _int_values(g: Any) -> dict[str, tuple[int, ...]]:
     for t in g.initializer:
         values = _small_ints(t)
         if values is not None:
-            out.setdefault(t.name, values)
+            out.setdefault(text(t.name), values)
     for n in g.node:
         if n.op_type != "Constant" or n.domain not in ("", "ai.onnx") or len(n.output) != 1:
             continue
@@ -175,23 +182,28 @@ def _int_values(g: Any) -> dict[str, tuple[int, ...]]:
             elif attr.name == "value_ints" and attr.type == AttributeProto.INTS:
                 values = tuple(attr.ints)
             if values is not None:
-                out.setdefault(n.output[0], values)
+                out.setdefault(text(n.output[0]), values)
     return out
+
+
+def function_path(domain: str, name: str) -> str:
+    """Object path of the local function ``domain::name``."""
+    return f"functions[{domain + '::' + name!r}]"
 
 
 def _graph_view(g: Any, path: str, is_main: bool) -> GraphView:
     return GraphView(
         path=path,
-        name=g.name,
+        name=text(g.name),
         is_main=is_main,
         inputs=[_value_spec(v) for v in g.input],
         outputs=[_value_spec(v) for v in g.output],
         value_infos=[_value_spec(v) for v in g.value_info],
-        initializers=[t.name for t in g.initializer],
-        sparse_initializers=[s.values.name for s in g.sparse_initializer],
+        initializers=_texts(t.name for t in g.initializer),
+        sparse_initializers=_texts(s.values.name for s in g.sparse_initializer),
         encoded=[encoded_from_proto(e) for e in g.encoded_initializer],
         nodes=[_node_view(n, f"{path}.node[{i}]") for i, n in enumerate(g.node)],
-        bindings=[(b.input_name, b.output_name) for b in g.persistent_bindings],
+        bindings=[(text(b.input_name), text(b.output_name)) for b in g.persistent_bindings],
         int_values=_int_values(g),
     )
 
@@ -200,14 +212,15 @@ def view_from_proto(model: Any, model_dir: str | None = None) -> ModelView:
     """Build the verification view of an extended ``ModelProto`` message."""
     functions = []
     for f in model.functions:
-        fpath = f"functions[{f.domain + '::' + f.name!r}]"
+        domain, name = text(f.domain), text(f.name)
+        fpath = function_path(domain, name)
         functions.append(FunctionView(
             path=fpath,
-            domain=f.domain,
-            name=f.name,
-            overload=f.overload,
-            inputs=list(f.input),
-            outputs=list(f.output),
+            domain=domain,
+            name=name,
+            overload=text(f.overload),
+            inputs=_texts(f.input),
+            outputs=_texts(f.output),
             value_infos=[_value_spec(v) for v in f.value_info],
             nodes=[_node_view(n, f"{fpath}.node[{i}]") for i, n in enumerate(f.node)],
         ))
@@ -216,5 +229,5 @@ def view_from_proto(model: Any, model_dir: str | None = None) -> ModelView:
         graph=_graph_view(model.graph, "graph", True),
         functions=functions,
         model_dir=model_dir,
-        opsets={o.domain: o.version for o in model.opset_import},
+        opsets={text(o.domain): o.version for o in model.opset_import},
     )

@@ -13,17 +13,8 @@ A new rule is a few lines::
 """
 from __future__ import annotations
 
-from onnxforge.graphbuilder.infer._base import (
-    INT_TYPES,
-    NodeInference,
-    Rule,
-    broadcast_dim,
-    broadcast_shapes,
-    lookup,
-    map_elements,
-    register,
-    registered,
-)
+from onnxforge.graphbuilder.infer import _base
+from onnxforge.graphbuilder.infer._base import *  # noqa: F403  (the rule interface)
 from onnxforge.graphbuilder.infer import (  # noqa: F401  (importing registers the rules)
     attention,
     control_flow,
@@ -35,14 +26,5 @@ from onnxforge.graphbuilder.infer import (  # noqa: F401  (importing registers t
     shape_ops,
 )
 
-__all__ = [
-    "INT_TYPES",
-    "NodeInference",
-    "Rule",
-    "broadcast_dim",
-    "broadcast_shapes",
-    "lookup",
-    "map_elements",
-    "register",
-    "registered",
-]
+__all__: list[str] = []
+__all__ += _base.__all__

@@ -110,18 +110,39 @@ class NodeInference:
         raise ShapeError(f"{self.label}: {message}")
 
     def attr(self, name: str, default: Any = None) -> Any:
-        """Attribute value (references to function attributes resolved), or ``default``."""
+        """Attribute value (references to function attributes resolved), or ``default``
+        when the attribute is absent or carries no value."""
         a = self.node.attributes.get(name)
-        if a is None:
+        if a is not None and a.ref_attr_name:
+            a = self.ctx._attr_env.get(a.ref_attr_name)
+        if a is None or a.value is None:
             return default
-        if a.ref_attr_name:
-            bound = self.ctx._attr_env.get(a.ref_attr_name)
-            return default if bound is None else bound.value
         return a.value
 
     def int_attr(self, name: str, default: int | None = None) -> int | None:
+        """An integer attribute, or ``default``; a value that is no integer fails."""
+        return self._attr_as(name, default, int, "an integer")
+
+    def ints_attr(self, name: str, default: list[int] | None = None) -> list[int] | None:
+        """An integer-list attribute, or ``default``; a value that is no such list fails."""
+        return self._attr_as(name, default, lambda v: [int(x) for x in _sequence(v)], "a list of integers")
+
+    def float_attr(self, name: str, default: float | None = None) -> float | None:
+        """A float attribute, or ``default``; a value that is no number fails."""
+        return self._attr_as(name, default, float, "a number")
+
+    def floats_attr(self, name: str, default: list[float] | None = None) -> list[float] | None:
+        """A float-list attribute, or ``default``; a value that is no such list fails."""
+        return self._attr_as(name, default, lambda v: [float(x) for x in _sequence(v)], "a list of numbers")
+
+    def _attr_as(self, name: str, default: Any, convert: Callable[[Any], Any], what: str) -> Any:
         v = self.attr(name, default)
-        return None if v is None else int(v)
+        if v is None:
+            return None
+        try:
+            return convert(v)
+        except (TypeError, ValueError):
+            self.fail(f"attribute {name!r} must be {what}, got {v!r:.60}")
 
     # -- inputs ------------------------------------------------------------------------
     def input(self, i: int) -> Value | None:
@@ -179,9 +200,9 @@ class NodeInference:
 
     def axes(self, attr: str = "axes", index: int = 1) -> list[int] | None:
         """Axes from an attribute (older opsets) or else from input ``index``."""
-        a = self.attr(attr)
+        a = self.ints_attr(attr)
         if a is not None:
-            return [int(x) for x in a]
+            return a
         if self.has(index):
             return self.const_ints(index)
         return []
@@ -236,6 +257,12 @@ class NodeInference:
         """Fail when ``a`` and ``b`` are provably different."""
         if dims_equal(a, b) is False:
             self.fail(f"{what}: {a} != {b}")
+
+
+def _sequence(v: Any) -> Any:
+    if isinstance(v, (str, bytes)):  # iterable, but not a list attribute
+        raise TypeError("a string is not a list")
+    return v
 
 
 def broadcast_dim(a: Dim, b: Dim, op: NodeInference) -> Dim:

@@ -16,6 +16,8 @@ from __future__ import annotations
 from onnx import TensorProto
 
 from onnxforge.graphbuilder.infer._base import NodeInference, register
+from onnxforge.graphbuilder.infer.nn import stats_shape
+from onnxforge.graphbuilder.ir import MUST_ALIAS
 from onnxforge.graphbuilder.symbolic import Dim, as_dim, floordiv, sum_dims
 
 __all__: list[str] = []
@@ -41,6 +43,11 @@ def _attention(op: NodeInference) -> None:
     q_elem, k_elem, v_elem = op.elem(0), op.elem(1) or op.elem(0), op.elem(2) or op.elem(0)
     past = op.shape(4) if op.has(4) else None
     rank = len(q) if q is not None else None
+    if rank not in (None, 3, 4):
+        op.fail(f"Q must be 3-D or 4-D, got rank {rank}")
+    for what, s in (("K", k), ("V", v)):
+        if rank is not None and s is not None and len(s) != rank:
+            op.fail(f"Q has rank {rank} but {what} has rank {len(s)}")
     batch: Dim = q[0] if q is not None else None
     y: list[Dim] | None = None
     q_heads: Dim = None
@@ -66,8 +73,6 @@ def _attention(op: NodeInference) -> None:
             kv_seq, head = k[1], _div(op, k[2], kv_n, "key hidden size")
         v_head = _div(op, v[2], kv_n, "value hidden size") if v is not None else None
         y = [batch, q_seq, _mul(v_head, q_heads)]
-    elif q is not None:
-        op.fail(f"Q must be 3-D or 4-D, got rank {rank}")
     else:
         q_seq = None
     op.set(0, q_elem, y)
@@ -94,21 +99,13 @@ def _rms_norm(op: NodeInference) -> None:
     op.same_as_input(elem=op.elem(1) or op.elem(0))
 
 
-def _stats(op: NodeInference) -> list[Dim] | None:
-    s = op.shape(0)
-    if s is None:
-        return None
-    a = op.norm_axis(op.int_attr("axis", -1), len(s))
-    return list(s[:a]) + [1] * (len(s) - a)
-
-
 @register("SimplifiedLayerNormalization")
 @register("SimplifiedLayerNormalization", domain=MS)
 def _simplified_ln(op: NodeInference) -> None:
     op.same_as_input(elem=op.elem(1) or op.elem(0))
     if op.has_output(1):
         stash = op.int_attr("stash_type", TensorProto.FLOAT)
-        op.set(1, stash, _stats(op))
+        op.set(1, stash, stats_shape(op))
 
 
 @register("SkipSimplifiedLayerNormalization", "SkipLayerNormalization", domain=MS)
@@ -143,7 +140,8 @@ def _aliases_past(op: NodeInference, out: int, past: int) -> bool:
     target = op.input(past)
     if v.alias_of is target or (isinstance(v.alias_of, str) and v.alias_of == target.name and v.alias_of):
         return True
-    return any(a.output_index == out and a.input_index == past and a.kind == 1 for a in op.node.output_alias)
+    return any(a.output_index == out and a.input_index == past and a.kind == MUST_ALIAS
+               for a in op.node.output_alias)
 
 
 @register("GroupQueryAttention", domain=MS)
@@ -171,10 +169,10 @@ def _gqa(op: NodeInference) -> None:
             kv_seq = k[1] if k is not None and len(k) == 3 else None
     op.set(0, elem, out)
     past = op.shape(3) if op.has(3) else None
-    present_elem = op.elem(3) or elem
-    batch = q[0] if q is not None else (past[0] if past is not None else None)
     if past is not None and len(past) != 4:
         op.fail(f"past_key must be 4-D, got rank {len(past)}")
+    present_elem = op.elem(3) or elem
+    batch = q[0] if q is not None else (past[0] if past is not None else None)
     if past is not None:
         head = head if head is not None else past[3]
         shared = op.int_attr("sliding_window_cache", 0) == 1 or _aliases_past(op, 1, 3)

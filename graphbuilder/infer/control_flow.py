@@ -125,6 +125,13 @@ def _loop(op: NodeInference) -> None:
             op.set(n_state + j, t.elem_type, None if t.shape is None else [count, *t.shape])
 
 
+def _scan_axes(op: NodeInference, name: str, n: int) -> list[int]:
+    axes = op.ints_attr(name, [0] * n)
+    if len(axes) != n:
+        op.fail(f"{name} has {len(axes)} entries for {n} scan values")
+    return axes
+
+
 @register("Scan")
 def _scan(op: NodeInference) -> None:
     body = op.attr("body")
@@ -133,8 +140,10 @@ def _scan(op: NodeInference) -> None:
     m = op.int_attr("num_scan_inputs")
     if m is None:
         op.fail("needs num_scan_inputs")
+    if not 0 <= m <= op.n_inputs:
+        op.fail(f"num_scan_inputs {m} is out of range for {op.n_inputs} inputs")
     n_state = op.n_inputs - m
-    in_axes = [int(a) for a in op.attr("scan_input_axes", [0] * m)]
+    in_axes = _scan_axes(op, "scan_input_axes", m)
     slices: list[Type] = []
     length: Dim = None
     for j in range(m):
@@ -151,7 +160,7 @@ def _scan(op: NodeInference) -> None:
     for k in range(n_state):
         op.set_type(k, join_types(init[k], outs[k], f"{op.label} state {k}"))
     k_out = len(outs) - n_state
-    out_axes = [int(a) for a in op.attr("scan_output_axes", [0] * k_out)]
+    out_axes = _scan_axes(op, "scan_output_axes", k_out)
     for j, t in enumerate(outs[n_state:]):
         if isinstance(t, TensorType):
             if t.shape is None:

@@ -7,7 +7,7 @@ from onnx import TensorProto
 from onnxforge.graphbuilder.infer._base import NodeInference, broadcast_shapes, register
 from onnxforge.graphbuilder.symbolic import Dim
 
-__all__ = ["matmul_shape"]
+__all__ = ["matmul_shape", "stats_shape"]
 
 
 def matmul_shape(op: NodeInference, a: tuple[Dim, ...] | None,
@@ -48,11 +48,13 @@ def _gemm(op: NodeInference) -> None:
     op.set(0, op.elem(0) or op.elem(1), out)
 
 
-def _stats_shape(op: NodeInference, axis_default: int = -1) -> list[Dim] | None:
+def stats_shape(op: NodeInference) -> list[Dim] | None:
+    """Shape of the mean / inverse-deviation outputs of a normalisation over the axes
+    from ``axis`` (default -1) on: input 0's shape with those axes set to 1."""
     s = op.shape(0)
     if s is None:
         return None
-    a = op.norm_axis(op.int_attr("axis", axis_default), len(s))
+    a = op.norm_axis(op.int_attr("axis", -1), len(s))
     return list(s[:a]) + [1] * (len(s) - a)
 
 
@@ -60,7 +62,7 @@ def _stats_shape(op: NodeInference, axis_default: int = -1) -> list[Dim] | None:
 def _layer_norm(op: NodeInference) -> None:
     op.same_as_input()
     stash = op.int_attr("stash_type", TensorProto.FLOAT)
-    stats = _stats_shape(op)
+    stats = stats_shape(op)
     for i in (1, 2):
         if op.has_output(i):
             op.set(i, stash, stats)

@@ -17,12 +17,13 @@ from __future__ import annotations
 from onnx import TensorProto
 
 from onnxforge.graphbuilder.infer._base import NodeInference, register
+from onnxforge.graphbuilder.opschemas import ONNXFORGE_DOMAIN
 from onnxforge.graphbuilder.symbolic import as_dim
 from onnxforge.proto_ext.types import type_name
 
 __all__ = ["CACHE_TYPES", "ONNXFORGE"]
 
-ONNXFORGE = "ai.onnxforge"
+ONNXFORGE = ONNXFORGE_DOMAIN
 CACHE_TYPES = frozenset({TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.INT8,
                          TensorProto.UINT8})
 

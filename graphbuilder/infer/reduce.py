@@ -54,7 +54,7 @@ def _reduce(op: NodeInference) -> None:
         res = sum_dims(items)
     elif kind == "ReduceProd":
         res = product(items)
-    elif any(isinstance(x, SymExpr) for x in items):
+    elif not items or any(isinstance(x, SymExpr) for x in items):  # no max / min of nothing
         return
     else:
         res = max(items) if kind == "ReduceMax" else min(items)

@@ -50,6 +50,24 @@ def _tensor_value(t: Tensor) -> SymTensor | None:
     return SymTensor.from_tensor(t) if trackable(t.dtype, t.size) else None
 
 
+def _static_length(op: NodeInference, i: int) -> int | None:
+    """The length of input ``i`` when it is a 1-D tensor of known length (a shape whose
+    content is unknown still has a known rank)."""
+    s = op.shape(i)
+    return s[0] if s is not None and len(s) == 1 and isinstance(s[0], int) else None
+
+
+def _unknown_dims(n: int | None) -> list[None] | None:
+    return None if n is None else [None] * n
+
+
+def _reshape_value(op: NodeInference, dims: list[Any]) -> None:
+    """Carry input 0's known content to output 0 with the (concrete) shape ``dims``."""
+    v = op.value(0)
+    if v is not None:
+        op.set_value(0, SymTensor(v.elem_type, v.data.reshape(tuple(dims))))
+
+
 @register("Constant")
 def _constant(op: NodeInference) -> None:
     t = op.attr("value")
@@ -60,13 +78,12 @@ def _constant(op: NodeInference) -> None:
         else:
             op.set(0, t.dtype, t.dims)
         return
-    simple = {"value_int": (INT64, False), "value_ints": (INT64, True),
-              "value_float": (TensorProto.FLOAT, False), "value_floats": (TensorProto.FLOAT, True)}
-    for name, (elem, is_list) in simple.items():
-        a = op.attr(name)
-        if a is not None:
-            vals = [x for x in a] if is_list else a
-            op.set_value(0, SymTensor.of(elem, vals, (len(vals),) if is_list else ()))
+    for name, elem, read in (("value_int", INT64, op.int_attr), ("value_ints", INT64, op.ints_attr),
+                             ("value_float", TensorProto.FLOAT, op.float_attr),
+                             ("value_floats", TensorProto.FLOAT, op.floats_attr)):
+        vals = read(name)
+        if vals is not None:
+            op.set_value(0, SymTensor.of(elem, vals, (len(vals),) if isinstance(vals, list) else ()))
             return
     if op.attr("value_string") is not None:
         op.set(0, TensorProto.STRING, ())
@@ -80,8 +97,7 @@ def _constant_of_shape(op: NodeInference) -> None:
     elem = fill.dtype if isinstance(fill, Tensor) else TensorProto.FLOAT
     dims = op.ints(0)
     if dims is None:
-        s = op.shape(0)
-        op.set(0, elem, [None] * s[0] if s is not None and len(s) == 1 and isinstance(s[0], int) else None)
+        op.set(0, elem, _unknown_dims(_static_length(op, 0)))
         return
     if any(isinstance(d, int) and d < 0 for d in dims):
         op.fail(f"negative dimension in target shape {dims}")
@@ -156,8 +172,7 @@ def _unsqueeze(op: NodeInference) -> None:
     axes = op.axes()
     s, r = op.shape(0), op.rank(0)
     if axes is None or r is None:
-        k = op.shape(1)
-        n = k[0] if k is not None and len(k) == 1 and isinstance(k[0], int) else None
+        n = _static_length(op, 1)
         op.set(0, op.elem(0), None if r is None or n is None else [None] * (r + n))
         return
     out_r = r + len(axes)
@@ -168,9 +183,7 @@ def _unsqueeze(op: NodeInference) -> None:
     for a in norm:
         dims.insert(a, 1)
     op.set(0, op.elem(0), dims)
-    v = op.value(0)
-    if v is not None:
-        op.set_value(0, SymTensor(v.elem_type, v.data.reshape(tuple(dims))))
+    _reshape_value(op, dims)
 
 
 @register("Squeeze")
@@ -192,9 +205,7 @@ def _squeeze(op: NodeInference) -> None:
                 op.fail(f"cannot squeeze axis {a} of size {s[a]}")
         keep = [d for i, d in enumerate(s) if i not in norm]
     op.set(0, op.elem(0), keep)
-    v = op.value(0)
-    if v is not None:
-        op.set_value(0, SymTensor(v.elem_type, v.data.reshape(tuple(keep))))
+    _reshape_value(op, keep)
 
 
 @register("Reshape")
@@ -203,8 +214,7 @@ def _reshape(op: NodeInference) -> None:
     s = op.shape(0)
     elem = op.elem(0)
     if target is None:
-        k = op.shape(1)
-        op.set(0, elem, [None] * k[0] if k is not None and len(k) == 1 and isinstance(k[0], int) else None)
+        op.set(0, elem, _unknown_dims(_static_length(op, 1)))
         return
     allowzero = op.int_attr("allowzero", 0)
     out: list[Dim] = []
@@ -233,9 +243,8 @@ def _reshape(op: NodeInference) -> None:
     if total is not None and product(out) is not None and dims_equal(total, product(out)) is False:
         op.fail(f"cannot reshape {list(s)} into {out}: element counts differ")
     op.set(0, elem, out)
-    v = op.value(0)
-    if v is not None and _concrete(out):
-        op.set_value(0, SymTensor(v.elem_type, v.data.reshape(tuple(out))))
+    if _concrete(out):
+        _reshape_value(op, out)
 
 
 @register("Flatten")
@@ -258,8 +267,8 @@ def _transpose(op: NodeInference) -> None:
     if r is None:
         op.set(0, op.elem(0), None)
         return
-    perm = op.attr("perm")
-    perm = list(range(r))[::-1] if perm is None else [int(p) for p in perm]
+    perm = op.ints_attr("perm")
+    perm = list(range(r))[::-1] if perm is None else perm
     if sorted(op.norm_axis(p, r, "perm entry") for p in perm) != list(range(r)):
         op.fail(f"perm {perm} is not a permutation of {r} axes")
     perm = [p + r if p < 0 else p for p in perm]
@@ -313,9 +322,9 @@ def _split(op: NodeInference) -> None:
     a = op.norm_axis(op.int_attr("axis", 0), len(s))
     d = s[a]
     sizes: list[Dim] | None
-    split_attr = op.attr("split")
+    split_attr = op.ints_attr("split")
     if split_attr is not None:
-        sizes = [int(x) for x in split_attr]
+        sizes = list(split_attr)
     elif op.has(1):
         sizes = op.ints(1)
     else:
@@ -381,11 +390,12 @@ def _slice(op: NodeInference) -> None:
         op.set(0, elem, None)
         return
     r = len(s)
-    if op.attr("starts") is not None:
-        starts = [int(x) for x in op.attr("starts")]
-        ends = [int(x) for x in op.attr("ends", [])]
-        axes = op.attr("axes")
-        axes = list(range(len(starts))) if axes is None else [int(x) for x in axes]
+    starts_attr = op.ints_attr("starts")
+    if starts_attr is not None:  # opset < 10: bounds are attributes
+        starts = list(starts_attr)
+        ends = op.ints_attr("ends", [])
+        axes = op.ints_attr("axes")
+        axes = list(range(len(starts))) if axes is None else axes
         steps: list[Any] | None = [1] * len(starts)
     else:
         starts, ends = op.ints(1), op.ints(2)
@@ -422,14 +432,13 @@ def _expand(op: NodeInference) -> None:
     s = op.shape(0)
     elem = op.elem(0)
     if target is None:
-        k = op.shape(1)
-        n = k[0] if k is not None and len(k) == 1 and isinstance(k[0], int) else None
+        n = _static_length(op, 1)
         op.set(0, elem, None if n is None or s is None else [None] * max(n, len(s)))
         return
     out = broadcast_shapes(op, s, target)
     op.set(0, elem, out)
     v = op.value(0)
-    if v is not None and _concrete(out) and math.prod(out) <= MAX_CONST_ELEMENTS:
+    if v is not None and _concrete(out) and min(out, default=0) >= 0 and math.prod(out) <= MAX_CONST_ELEMENTS:
         op.set_value(0, SymTensor(v.elem_type, np.broadcast_to(v.data, tuple(out)).copy()))
 
 
@@ -474,7 +483,8 @@ def _tile(op: NodeInference) -> None:
         op.fail(f"{len(reps)} repeats for a rank-{len(s)} input")
     op.set(0, op.elem(0), [None if d is None or k is None else as_dim(d * k) for d, k in zip(s, reps)])
     v = op.value(0)
-    if v is not None and _concrete(reps) and v.size * math.prod(reps) <= MAX_CONST_ELEMENTS:
+    if v is not None and _concrete(reps) and min(reps, default=0) >= 0 \
+            and v.size * math.prod(reps) <= MAX_CONST_ELEMENTS:
         op.set_value(0, SymTensor(v.elem_type, np.tile(v.data, reps)))
 
 
@@ -485,8 +495,9 @@ def _pad(op: NodeInference) -> None:
         op.set(0, op.elem(0), None)
         return
     r = len(s)
-    pads = op.attr("pads")
-    pads = [int(p) for p in pads] if pads is not None else op.ints(1)
+    pads = op.ints_attr("pads")
+    if pads is None:
+        pads = op.ints(1)
     axes = op.const_ints(3) if op.has(3) else list(range(r))
     if pads is None or axes is None:
         op.set(0, op.elem(0), [None] * r)

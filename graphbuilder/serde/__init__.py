@@ -176,6 +176,15 @@ def load(source: Source, *, model_dir: PathLike | None = None) -> Model:
     return from_proto(source, model_dir=model_dir)
 
 
+def _encode(model: Model, plan: PayloadPlan) -> Any:
+    with _no_gc():
+        try:
+            return Encoder(plan).model(model)
+        except UnicodeDecodeError as exc:  # protobuf refuses such text; a loaded model keeps it as bytes
+            raise WireError(f"a text field of the model holds {bytes(exc.object[:64])!r}, which is not UTF-8 "
+                            "(ONNX strings are UTF-8); fix or remove it before saving") from None
+
+
 def to_proto(model: Model, *, include_payloads: bool = True) -> Any:
     """Extended ``ModelProto`` of ``model``.
 
@@ -184,8 +193,7 @@ def to_proto(model: Model, *, include_payloads: bool = True) -> Any:
     1 KiB are left out (their ``raw_data`` is absent)."""
     plan = PayloadPlan(stream_min=None if include_payloads else STRIP_MIN,
                        model_dir=model.model_dir)
-    with _no_gc():
-        return Encoder(plan).model(model)
+    return _encode(model, plan)
 
 
 def to_onnx(model: Model) -> onnx.ModelProto:
@@ -196,8 +204,7 @@ def to_onnx(model: Model) -> onnx.ModelProto:
 
 
 def _stream(model: Model, fh: IO[bytes], plan: PayloadPlan) -> int:
-    with _no_gc():
-        msg = Encoder(plan).model(model)
+    msg = _encode(model, plan)
     skeleton = msg.SerializeToString()
     del msg
     return write_model(fh, skeleton, plan.streamed)

@@ -20,7 +20,7 @@ modeled fields, so modeled scalars override stale presence markers.
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 from google.protobuf.message import Message
@@ -36,6 +36,8 @@ __all__ = [
     "has_unknown",
     "has_unknown_deep",
     "join_extra",
+    "meta_exact",
+    "present",
     "unmodeled_fields",
 ]
 
@@ -166,6 +168,19 @@ def join_extra(msg: Message, kind: str, *, copy: Iterable[str] = (), presence: I
     return b"".join(parts)
 
 
+def meta_exact(props: Any, clean: bool) -> tuple[dict[str, str], bool]:
+    """``metadata_props`` entries as a dict, and whether re-encoding the dict reproduces
+    them (no repeated key, no absent key or value read as "", no unknown fields; with
+    ``clean`` no message of the model has unknown fields)."""
+    out = {e.key: e.value for e in props}
+    exact = len(out) == len(props)
+    if exact and ("" in out or "" in out.values()):
+        exact = all(e.HasField("key") and e.HasField("value") for e in props)
+    if exact and not clean:
+        exact = not any(has_unknown(e) for e in props)
+    return out, exact
+
+
 def present(msg: Message, name: str) -> bool:
     """Presence of a field of either cardinality."""
     fd = msg.DESCRIPTOR.fields_by_name[name]
@@ -173,5 +188,3 @@ def present(msg: Message, name: str) -> bool:
         return len(getattr(msg, name)) > 0
     return msg.HasField(name)
 
-
-Same = Callable[[Any], bool]

@@ -11,37 +11,28 @@ Nodes are created in file order with inputs looked up in the local scope;
 inputs that are not defined yet (a graph that is not topologically sorted, or
 an outer value) are bound once every node of the graph exists. Subgraphs are
 converted after their owner's nodes, so they see the complete outer scope.
+Tensors and encoded values are converted by :mod:`._tensors`.
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import replace
+from collections.abc import Mapping
 from typing import Any
 
 from onnx import AttributeProto as _AP
 
-from onnxforge.errors import ExternalDataError, VerificationError, Violation
+from onnxforge.errors import VerificationError, Violation
 from onnxforge.graphbuilder.ir import Alias, Attr, Function, Graph, Model, Node, Value
 from onnxforge.graphbuilder.serde import _common as C
+from onnxforge.graphbuilder.serde._tensors import TensorDecoder, Where
 from onnxforge.graphbuilder.tensors import EncodedTensor, Tensor
 from onnxforge.proto_ext import schema
-from onnxforge.proto_ext.convert import (
-    encoded_from_proto,
-    encoded_to_proto,
-    struct_from_proto,
-    struct_to_proto,
-    type_from_proto,
-    type_to_proto,
-)
-from onnxforge.proto_ext.external import ExternalDataCache, ExternalRef, parse_external_entries
+from onnxforge.proto_ext.convert import struct_from_proto, struct_to_proto, type_from_proto, type_to_proto
+from onnxforge.proto_ext.external import ExternalDataCache
 from onnxforge.proto_ext.types import StructType, TensorType, Type
 
 __all__ = ["Decoder", "fast_objects"]
 
-Where = Callable[[], str]
 Payloads = Mapping[tuple[str, int], memoryview]
-
-_EXTERNAL = 1  # TensorProto.EXTERNAL
 
 # AttributeProto: attribute type -> field number / name of its value field.
 _VALUE_FIELD_NUMBER = {_AP.FLOAT: 2, _AP.INT: 3, _AP.STRING: 4, _AP.TENSOR: 5, _AP.GRAPH: 6,
@@ -52,7 +43,6 @@ _VALUE_FIELD_NAME = {t: schema.AttributeProto.DESCRIPTOR.fields_by_number[n].nam
                      for t, n in _VALUE_FIELD_NUMBER.items()}
 _LIST_TYPES = frozenset({_AP.FLOATS, _AP.INTS, _AP.STRINGS, _AP.TENSORS, _AP.GRAPHS,
                          _AP.TYPE_PROTOS, _AP.SPARSE_TENSORS})
-_TYPED_DATA = frozenset({4, 5, 6, 7, 10, 11})  # TensorProto *_data field numbers
 
 _NODE_UNMODELED = C.unmodeled_fields("NodeProto", (
     "input", "output", "name", "op_type", "domain", "overload", "attribute", "doc_string",
@@ -184,17 +174,6 @@ class _Scope:
         return v
 
 
-def _meta_exact(props: Any, clean: bool) -> tuple[dict[str, str], bool]:
-    """metadata_props as a dict, and whether re-encoding the dict reproduces the entries."""
-    out = {e.key: e.value for e in props}
-    exact = len(out) == len(props)
-    if exact and ("" in out or "" in out.values()):
-        exact = all(e.HasField("key") and e.HasField("value") for e in props)
-    if exact and not clean:
-        exact = not any(C.has_unknown(e) for e in props)
-    return out, exact
-
-
 def _opsets_exact(entries: Any, clean: bool) -> tuple[dict[str, int], bool]:
     out: dict[str, int] = {}
     exact = True
@@ -224,12 +203,11 @@ class Decoder:
                  cache: ExternalDataCache | None = None, model_dir: str | None = None):
         self.clean = clean
         self.payloads: Payloads = payloads or {}
-        self.cache = cache
+        self.tensors = TensorDecoder(clean=clean, cache=cache)
         self.model_dir = model_dir
         self._types: dict[bytes, tuple[Type, bool]] = {}
         self._tensor_types: dict[tuple[int, tuple[int, ...]], TensorType] = {}
         self._aliases: list[tuple[Value, _Scope]] = []
-        self._files: dict[str, memoryview] = {}
 
     # ------------------------------------------------------------------ model
     def model(self, mp: Any) -> Model:
@@ -239,7 +217,7 @@ class Decoder:
         ops, exact = _opsets_exact(mp.opset_import, self.clean)
         if not exact:
             copy.append("opset_import")
-        meta, exact = _meta_exact(mp.metadata_props, self.clean)
+        meta, exact = C.meta_exact(mp.metadata_props, self.clean)
         if not exact:
             copy.append("metadata_props")
         structs = []
@@ -300,22 +278,15 @@ class Decoder:
                 local[v.name] = v
 
         payloads = self.payloads if main else {}
+        tensor = self.tensors.tensor
         for k, tp in enumerate(gp.initializer):
             name = tp.name
-            payload = payloads.get(("initializer", k)) if main else None
+            payload = payloads.get(("initializer", k))
             if name in g.initializers or name in g.encoded_initializers:
-                dup = keep.initializer.add()
-                dup.CopyFrom(tp)
-                if payload is not None:
-                    dup.raw_data = bytes(payload)
+                _keep_duplicate(keep.initializer, tp, payload)
                 continue
-            t = self._tensor(tp, _at(path, "initializer", k), payload)
-            v = local.get(name)
-            if v is None or v not in g._input_set or v.const is not None:
-                v = Value(name)
-                v.type = self._tensor_type(t.dtype, t.dims)
-            g.add_initializer(v, t)
-            local[name] = v
+            t = tensor(tp, _at(path, "initializer", k), payload)
+            _add_initializer(g, local, name, t, self._tensor_type(t.dtype, t.dims))
 
         for sp in gp.sparse_initializer:
             name = sp.values.name
@@ -331,25 +302,16 @@ class Decoder:
 
         for k, ev in enumerate(gp.encoded_initializer):
             name = ev.name
-            payload = payloads.get(("encoded", k)) if main else None
+            payload = payloads.get(("encoded", k))
             if name in g.initializers or name in g.encoded_initializers:
-                dup = keep.encoded_initializer.add()
-                dup.CopyFrom(ev)
-                if payload is not None:
-                    dup.raw_data = bytes(payload)
+                _keep_duplicate(keep.encoded_initializer, ev, payload)
                 continue
-            et = self._encoded(ev, _at(path, "encoded_initializer", k), payload)
-            v = local.get(name)
-            if v is None or v not in g._input_set or v.const is not None:
-                v = Value(name)
-                h = et.header
-                # what consumers see: the logical type, else the layout (or a category)
-                if h.logical_type is not None:
-                    v.type = h.logical_type
-                else:
-                    v.type = h.struct_type if h.struct_type is not None else StructType()
-            g.add_initializer(v, et)
-            local[name] = v
+            et = self.tensors.encoded(ev, _at(path, "encoded_initializer", k), payload)
+            h = et.header
+            # what consumers see: the logical type, else the layout (or a category)
+            seen_as = h.logical_type if h.logical_type is not None else (
+                h.struct_type if h.struct_type is not None else StructType())
+            _add_initializer(g, local, name, et, seen_as)
 
         self._body(g, gp.node, scope, path)
 
@@ -387,21 +349,26 @@ class Decoder:
                 keep.value_info.add().CopyFrom(vi)
         g.value_info_order = order
 
-        if len(gp.metadata_props):
-            g.metadata, exact = _meta_exact(gp.metadata_props, self.clean)
-            if not exact:
-                copy.append("metadata_props")
         if len(gp.persistent_bindings):
             if not self._bindings(g, gp.persistent_bindings, path):
                 copy.append("persistent_bindings")
-        self._resolve_aliases(scope)
+        self._finish(g, gp, "GraphProto", scope, presence, copy, keep)
+        return g
 
-        unknown = not self.clean and C.has_unknown(gp)
+    def _finish(self, owner: Graph | Function, msg: Any, kind: str, scope: _Scope, presence: list[str],
+                copy: list[str], keep: Any) -> None:
+        """Close a graph or function body: metadata, ``alias_of`` names, and the ``extra``
+        blob (unmodeled fields, presence markers, unknown fields, entries kept verbatim)."""
+        if len(msg.metadata_props):
+            owner.metadata, exact = C.meta_exact(msg.metadata_props, self.clean)
+            if not exact:
+                copy.append("metadata_props")
+        self._resolve_aliases(scope)
+        unknown = not self.clean and C.has_unknown(msg)
         kept = keep.ByteSize()
         if presence or copy or unknown or kept:
-            g.extra = C.join_extra(gp, "GraphProto", copy=copy, presence=presence,
-                                   unknown=unknown) + (keep.SerializeToString() if kept else b"")
-        return g
+            owner.extra = C.join_extra(msg, kind, copy=copy, presence=presence,
+                                       unknown=unknown) + (keep.SerializeToString() if kept else b"")
 
     def _bindings(self, g: Graph, bindings: Any, path: str) -> bool:
         """Resolve persistent bindings (rule B2); return whether re-encoding is exact."""
@@ -456,7 +423,7 @@ class Decoder:
             copy: list[str] | None = None
             meta: dict[str, str]
             if len(pn.metadata_props):
-                meta, exact = _meta_exact(pn.metadata_props, clean)
+                meta, exact = C.meta_exact(pn.metadata_props, clean)
                 if not exact:
                     copy = ["metadata_props"]
             else:
@@ -564,9 +531,9 @@ class Decoder:
         where = (f"{path}.node[{k}].attribute[{a.name!r}]" if k >= 0
                  else f"{path}.attribute_proto[{a.name!r}]")
         if atype == _AP.TENSOR:
-            return self._tensor(val, lambda: where + ".t")
+            return self.tensors.tensor(val, lambda: where + ".t")
         if atype == _AP.TENSORS:
-            return [self._tensor(t, lambda j=j: f"{where}.tensors[{j}]") for j, t in enumerate(val)]
+            return [self.tensors.tensor(t, lambda j=j: f"{where}.tensors[{j}]") for j, t in enumerate(val)]
         if atype == _AP.GRAPH:
             deferred.append((a, -1, val, where + ".g", None))
             return None
@@ -672,7 +639,7 @@ class Decoder:
                 if not x:
                     presence.append("doc_string")
             elif n == 4:
-                v.metadata, exact = _meta_exact(x, self.clean)
+                v.metadata, exact = C.meta_exact(x, self.clean)
                 if not exact:
                     copy.append("metadata_props")
             elif n == 1000:
@@ -703,114 +670,6 @@ class Decoder:
             else:
                 rest.append((v, s))
         self._aliases = rest
-
-    # ------------------------------------------------------------------ tensors
-    def _map(self, ref: ExternalRef, where: Where) -> memoryview | None:
-        """Read-only view of an external payload; None without a model folder.
-
-        Each file is checked (rule P5) and mapped once per load; every payload is
-        then a bounds-checked slice of that mapping."""
-        if self.cache is None:
-            return None
-        whole = self._files.get(ref.location)
-        if whole is None:
-            whole = self._files[ref.location] = self.cache.map(
-                ExternalRef(ref.location, 0, None), where())
-        size = whole.nbytes
-        offset = ref.offset
-        length = size - offset if ref.length is None else ref.length
-        if offset > size or offset + length > size:
-            raise ExternalDataError(
-                f"[P5] {where()}: offset {offset} + length {length} = {offset + length} exceeds "
-                f"the size of {ref.location!r} ({size} bytes)")
-        return whole[offset:offset + length]
-
-    def _tensor(self, tp: Any, where: Where, payload: memoryview | None = None) -> Tensor:
-        dims: tuple[int, ...] = ()
-        dtype = 0
-        name = doc = ""
-        raw: Any = None
-        typed = False
-        location = None
-        meta: dict[str, str] = {}
-        presence: list[str] = []
-        copy: list[str] = []
-        for fd, v in tp.ListFields():
-            n = fd.number
-            if n == 1:
-                dims = tuple(v)
-            elif n == 2:
-                dtype = v
-                if not v:
-                    presence.append("data_type")
-            elif n == 8:
-                name = v
-                if not v:
-                    presence.append("name")
-            elif n == 9:
-                raw = v
-            elif n == 14:
-                location = v
-            elif n == 13:
-                pass
-            elif n == 12:
-                doc = v
-                if not v:
-                    presence.append("doc_string")
-            elif n == 16:
-                meta, exact = _meta_exact(v, self.clean)
-                if not exact:
-                    copy.append("metadata_props")
-            elif n in _TYPED_DATA:
-                typed = True
-            else:
-                copy.append(fd.name)
-        if payload is not None:
-            raw = payload
-        if location == _EXTERNAL:
-            entries = [(e.key, e.value) for e in tp.external_data]
-            ref = parse_external_entries(entries, path=where() + ".external_data")
-            if raw is not None:  # an inline payload next to an external one: keep both
-                return Tensor(dtype, dims, name=name, proto=_with_raw(tp, payload), doc_string=doc,
-                              metadata=meta)
-            if typed:
-                copy.extend(fd.name for fd, _ in tp.ListFields() if fd.number in _TYPED_DATA)
-            view = self._map(ref, where)
-            t = Tensor(dtype, dims, name=name, raw=view, external=ref, doc_string=doc, metadata=meta)
-        elif raw is None or typed:
-            # typed fields (float_data...), strings, or no data at all: keep the whole message
-            return Tensor(dtype, dims, name=name, proto=_with_raw(tp, payload), doc_string=doc,
-                          metadata=meta)
-        else:
-            if location is not None:
-                presence.append("data_location")
-            if len(tp.external_data):
-                copy.append("external_data")
-            t = Tensor(dtype, dims, name=name, raw=raw, doc_string=doc, metadata=meta)
-        unknown = not self.clean and C.has_unknown(tp)
-        if presence or copy or unknown:
-            t.extra = C.join_extra(tp, "TensorProto", copy=copy, presence=presence, unknown=unknown)
-        return t
-
-    def _encoded(self, ev: Any, where: Where, payload: memoryview | None = None) -> EncodedTensor:
-        ref = None
-        raw: Any = payload
-        if ev.HasField("data_location") and ev.data_location == _EXTERNAL:
-            entries = [(e.key, e.value) for e in ev.external_data]
-            ref = parse_external_entries(entries, path=where() + ".external_data")
-            raw = self._map(ref, where)
-            if raw is None:
-                raw = b""
-        header = encoded_from_proto(ev, raw_data=raw)
-        probe = schema.EncodedValueProto()
-        probe.CopyFrom(ev)
-        for f in ("raw_data", "external_data", "data_location"):
-            probe.ClearField(f)
-        wire = probe.SerializeToString()
-        bare = replace(header, raw_data=b"", external_data=(), data_location=None, extra={})
-        if encoded_to_proto(bare, with_payload=False).SerializeToString() != wire:
-            header.extra["verbatim"] = wire
-        return EncodedTensor(header, external=ref)
 
     # ------------------------------------------------------------------ functions
     def function(self, fp: Any, path: str) -> Function:
@@ -855,16 +714,7 @@ class Decoder:
         f.opset_imports, exact = _opsets_exact(fp.opset_import, self.clean)
         if not exact:
             copy.append("opset_import")
-        if len(fp.metadata_props):
-            f.metadata, exact = _meta_exact(fp.metadata_props, self.clean)
-            if not exact:
-                copy.append("metadata_props")
-        self._resolve_aliases(scope)
-        unknown = not self.clean and C.has_unknown(fp)
-        kept = keep.ByteSize()
-        if presence or copy or unknown or kept:
-            f.extra = C.join_extra(fp, "FunctionProto", copy=copy, presence=presence,
-                                   unknown=unknown) + (keep.SerializeToString() if kept else b"")
+        self._finish(f, fp, "FunctionProto", scope, presence, copy, keep)
         return f
 
 
@@ -872,11 +722,20 @@ def _at(path: str, field: str, k: int) -> Where:
     return lambda: f"{path}.{field}[{k}]"
 
 
-def _with_raw(tp: Any, payload: memoryview | None) -> bytes:
-    """Serialized TensorProto, with a stripped payload put back."""
-    if payload is None:
-        return tp.SerializeToString()
-    full = schema.TensorProto()
-    full.CopyFrom(tp)
-    full.raw_data = bytes(payload)
-    return full.SerializeToString()
+def _keep_duplicate(coll: Any, msg: Any, payload: memoryview | None) -> None:
+    """Keep a second initializer of an existing name verbatim (with its stripped payload)."""
+    dup = coll.add()
+    dup.CopyFrom(msg)
+    if payload is not None:
+        dup.raw_data = bytes(payload)
+
+
+def _add_initializer(g: Graph, local: dict[str, Value], name: str, const: Tensor | EncodedTensor,
+                     type: Type) -> None:
+    """Register an initializer: on the graph input of that name, else on a new Value of ``type``."""
+    v = local.get(name)
+    if v is None or v not in g._input_set or v.const is not None:
+        v = Value(name)
+        v.type = type
+    g.add_initializer(v, const)
+    local[name] = v

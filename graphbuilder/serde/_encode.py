@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import re
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -34,7 +34,7 @@ from onnxforge.proto_ext.convert import (
     type_to_proto,
 )
 from onnxforge.proto_ext.external import ExternalRef, write_external
-from onnxforge.proto_ext.types import MapType, OptionalType, SequenceType, Type
+from onnxforge.proto_ext.types import Type
 
 __all__ = ["Encoder", "PayloadPlan"]
 
@@ -229,17 +229,6 @@ def _set_external(out: Any, ref: ExternalRef) -> None:
     out.data_location = _EXTERNAL
 
 
-def _plain(t: Type) -> Type:
-    """Type record whose dims are int / str / None (symbolic expressions as text)."""
-    if isinstance(t, (SequenceType, OptionalType)):
-        e = _plain(t.elem)
-        return t if e is t.elem else replace(t, elem=e)
-    if isinstance(t, MapType):
-        e = _plain(t.value)
-        return t if e is t.value else replace(t, value=e)
-    return plain_type(t)
-
-
 _NO_DEEP: dict[tuple[str, bytes], bool] = {}
 
 
@@ -332,24 +321,10 @@ class Encoder:
         vi_add = out.input.add
         for v in g.inputs:
             self._vi(v, vi_add)
-        init_base = len(out.initializer)
-        add = out.initializer.add
-        for k, v in enumerate(g.initializers.values()):
-            t = v.const
-            if not isinstance(t, Tensor):
-                raise CodecError(f"initializer {v.name!r} holds {type(t).__name__}, not a Tensor")
-            key = ("initializer", init_base + k) if main else None
-            self._tensor(t, add(), v.name, key, _at(g, "initializer", v.name))
+        self._initializers(g, g.initializers, out.initializer, "initializer", main)
         for blob in g.sparse_initializers.values():
             out.sparse_initializer.add().MergeFromString(blob)
-        enc_base = len(out.encoded_initializer)
-        add = out.encoded_initializer.add
-        for k, v in enumerate(g.encoded_initializers.values()):
-            et = v.const
-            if not isinstance(et, EncodedTensor):
-                raise CodecError(f"encoded initializer {v.name!r} holds {type(et).__name__}")
-            key = ("encoded", enc_base + k) if main else None
-            self._encoded(et, add(), v.name, key, _at(g, "encoded_initializer", v.name))
+        self._initializers(g, g.encoded_initializers, out.encoded_initializer, "encoded_initializer", main)
         described = self._nodes(g, out.node)
         # outputs: the first output entry of a node output of this graph describes it
         owned: set[int] = set()
@@ -369,6 +344,22 @@ class Encoder:
         if "persistent_bindings" not in taken:
             for i, o in g.bindings:
                 out.persistent_bindings.add(input_name=i.name, output_name=o.name)
+
+    def _initializers(self, g: Graph, table: dict[str, Value], coll: Any, field_name: str,
+                      main: bool) -> None:
+        """Write the dense (``initializer``) or encoded (``encoded_initializer``) initializers;
+        in the main graph each payload is keyed by its index for streaming."""
+        encoded = field_name == "encoded_initializer"
+        want, write = (EncodedTensor, self._encoded) if encoded else (Tensor, self._tensor)
+        base = len(coll)  # entries the extra blob already put there
+        add = coll.add
+        for k, v in enumerate(table.values()):
+            const = v.const
+            if not isinstance(const, want):
+                raise CodecError(f"{field_name} {v.name!r} holds {type(const).__name__}, "
+                                 f"expected {want.__name__}")
+            key = ("encoded" if encoded else "initializer", base + k) if main else None
+            write(const, add(), v.name, key, _at(g, field_name, v.name))  # type: ignore[arg-type]
 
     def _value_infos(self, g: Graph | Function, coll: Any, owned: set[int],
                      described: list[Value]) -> None:
@@ -406,38 +397,28 @@ class Encoder:
         try:
             return self._type_bytes[t]
         except KeyError:
-            b = self._type_bytes[t] = type_to_proto(_plain(t), schema.TypeProto()).SerializeToString()
+            b = self._type_bytes[t] = type_to_proto(plain_type(t), schema.TypeProto()).SerializeToString()
             return b
         except TypeError:  # unhashable record (symbolic dims)
-            return type_to_proto(_plain(t), schema.TypeProto()).SerializeToString()
+            return type_to_proto(plain_type(t), schema.TypeProto()).SerializeToString()
 
     def _vi(self, v: Value, add: Callable[..., Any]) -> None:
-        alias = v.alias_of
+        taken: Container[str] = ()
         if not v.extra:
             vi = add(name=v.name) if v.name else add()
             if v.type is not None:
                 vi.type.MergeFromString(self.type_bytes(v.type))
-            if v.doc_string:
-                vi.doc_string = v.doc_string
-            for k, val in v.metadata.items():
-                vi.metadata_props.add(key=k, value=val)
-            if v.access:
-                vi.access = v.access
-            if alias is not None:
-                name = alias.name if isinstance(alias, Value) else str(alias)
-                if name:
-                    vi.alias_of = name
-            return
-        vi = add()
-        taken = _merge_extra(vi, v.extra, {
-            "type": lambda x: type_from_proto(x) == v.type,
-            "metadata_props": lambda x: _meta_dict(x) == v.metadata,
-        })
-        if v.name:
-            vi.name = v.name
-        if v.type is not None and "type" not in taken:
-            vi.ClearField("type")
-            vi.type.MergeFromString(self.type_bytes(v.type))
+        else:
+            vi = add()
+            taken = _merge_extra(vi, v.extra, {
+                "type": lambda x: type_from_proto(x) == v.type,
+                "metadata_props": lambda x: _meta_dict(x) == v.metadata,
+            })
+            if v.name:
+                vi.name = v.name
+            if v.type is not None and "type" not in taken:
+                vi.ClearField("type")
+                vi.type.MergeFromString(self.type_bytes(v.type))
         if v.doc_string:
             vi.doc_string = v.doc_string
         if "metadata_props" not in taken:
@@ -445,6 +426,7 @@ class Encoder:
                 vi.metadata_props.add(key=k, value=val)
         if v.access:
             vi.access = v.access
+        alias = v.alias_of
         if alias is not None:
             name = alias.name if isinstance(alias, Value) else str(alias)
             if name:

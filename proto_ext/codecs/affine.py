@@ -34,6 +34,7 @@ The module builds and parses no protobuf messages: storage types are plain
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any, Optional
 
 import ml_dtypes
@@ -41,8 +42,10 @@ import numpy as np
 from onnx import TensorProto
 
 from onnxforge.errors import CodecError
+from onnxforge.proto_ext.dtypes import np_dtype
+from onnxforge.proto_ext.types import FLOAT_TYPES
 
-from .bits import BufferLike, check_padding_zero, pack_codes, unpack_codes
+from .bits import ML_INT_DTYPES, BufferLike, check_padding_zero, pack_codes, unpack_codes
 
 __all__ = [
     "STORAGE_BITS",
@@ -67,13 +70,7 @@ STORAGE_BITS: dict[int, int] = {
 
 _SIGNED: frozenset[int] = frozenset({TensorProto.INT8, TensorProto.INT4, TensorProto.INT2})
 
-_FLOAT_DTYPES: frozenset[np.dtype] = frozenset(
-    np.dtype(t) for t in (np.float16, np.float32, np.float64, ml_dtypes.bfloat16)
-)
-
-_ML_INT_DTYPES: frozenset[np.dtype] = frozenset(
-    np.dtype(t) for t in (ml_dtypes.int2, ml_dtypes.uint2, ml_dtypes.int4, ml_dtypes.uint4)
-)
+_FLOAT_DTYPES: frozenset[np.dtype] = frozenset(np_dtype(t) for t in FLOAT_TYPES)
 
 # Rounded quotients are clamped to this magnitude before the integer conversion:
 # far outside every storage range (and every zero point), exact in every float type.
@@ -123,6 +120,25 @@ def _float_array(value: Any, what: str) -> np.ndarray:
     if arr.dtype not in _FLOAT_DTYPES:
         raise CodecError(f"{what} must be float16, bfloat16, float32 or float64, got dtype {arr.dtype}")
     return arr
+
+
+def _integers(value: Any, what: str) -> np.ndarray:
+    """``value`` as a numpy integer array (ml_dtypes int2/uint2/int4/uint4 widened)."""
+    arr = np.asarray(value)
+    if arr.dtype in ML_INT_DTYPES:
+        return arr.astype(np.int16)
+    if arr.dtype.kind not in "iu":
+        raise CodecError(f"{what}, got dtype {arr.dtype}")
+    return arr
+
+
+def _check_in_range(values: np.ndarray, storage_type: int, what: str) -> None:
+    lo, hi = storage_range(storage_type)
+    if values.size and (int(values.min()) < lo or int(values.max()) > hi):
+        raise CodecError(
+            f"{what} lie in [{int(values.min())}, {int(values.max())}], outside the "
+            f"{_TYPE_NAMES[int(storage_type)]} range [{lo}, {hi}]"
+        )
 
 
 def _resolve_layout(
@@ -181,19 +197,10 @@ class _Layout:
         return f"blocked on axis {self.axis} with block_size {self.block_size}"
 
     def _check_zero_point(self, zero_point: Any, expected: tuple[int, ...]) -> np.ndarray:
-        zp = np.asarray(zero_point)
-        if zp.dtype in _ML_INT_DTYPES:
-            zp = zp.astype(np.int16)
-        elif zp.dtype.kind not in "iu":
-            raise CodecError(f"zero_point must hold integers, got dtype {zp.dtype}")
+        zp = _integers(zero_point, "zero_point must hold integers")
         if zp.shape != expected:
             raise CodecError(f"zero_point has shape {zp.shape}, expected the scale's shape {expected}")
-        lo, hi = storage_range(self.storage_type)
-        if zp.size and (int(zp.min()) < lo or int(zp.max()) > hi):
-            raise CodecError(
-                f"zero_point values lie in [{int(zp.min())}, {int(zp.max())}], outside the "
-                f"{_TYPE_NAMES[self.storage_type]} range [{lo}, {hi}]"
-            )
+        _check_in_range(zp, self.storage_type, "zero_point values")
         return zp.astype(np.int32)
 
     def segments(self) -> list[tuple[tuple[Any, ...], tuple[int, ...], list[np.ndarray]]]:
@@ -239,24 +246,33 @@ def _out_dtype(out_dtype: Any, scale: np.ndarray) -> np.dtype:
     return dt
 
 
+def _assemble(layout: _Layout, dtype: np.dtype,
+              compute: Callable[[tuple[Any, ...], tuple[int, ...], list[np.ndarray]], np.ndarray]
+              ) -> np.ndarray:
+    """The tensor whose segment ``index`` (see :meth:`_Layout.segments`) is
+    ``compute(index, shape, params)`` cast to ``dtype``."""
+    segments = layout.segments()
+    if len(segments) == 1:  # the whole tensor: no staging copy
+        index, shape, params = segments[0]
+        return compute(index, shape, params).astype(dtype, copy=False).reshape(layout.shape)
+    out = np.empty(layout.shape, dtype=dtype)
+    for index, shape, params in segments:
+        out[index] = compute(index, shape, params).astype(dtype, copy=False).reshape(out[index].shape)
+    return out
+
+
 def _dequantize(codes: np.ndarray, layout: _Layout, out_dtype: np.dtype) -> np.ndarray:
     # onnx.reference: (x.astype(float32) - zero_point) * scale, then cast.
     work = np.result_type(np.float32, layout.scale.dtype)
-    segments = layout.segments()
-    out: Optional[np.ndarray] = None
-    for index, shape, params in segments:
+
+    def segment(index: tuple[Any, ...], shape: tuple[int, ...], params: list[np.ndarray]) -> np.ndarray:
         y = codes[index].reshape(shape).astype(work)
         if len(params) > 1:
             y -= params[1].astype(work)
         y *= params[0]
-        if len(segments) == 1:  # the whole tensor: no staging copy
-            return y.astype(out_dtype, copy=False).reshape(layout.shape)
-        if out is None:
-            out = np.empty(layout.shape, dtype=out_dtype)
-        out[index] = y.astype(out_dtype, copy=False).reshape(out[index].shape)
-    if out is None:
-        out = np.empty(layout.shape, dtype=out_dtype)
-    return out
+        return y
+
+    return _assemble(layout, out_dtype, segment)
 
 
 def dequantize_codes(
@@ -273,18 +289,9 @@ def dequantize_codes(
     Codes must be integers inside ``storage_range(storage_type)``. The result
     has ``codes.shape`` and ``out_dtype`` (default: the scale's dtype).
     """
-    arr = np.asarray(codes)
-    if arr.dtype in _ML_INT_DTYPES:
-        arr = arr.astype(np.int16)
-    elif arr.dtype.kind not in "iu":
-        raise CodecError(f"codes must be integers, got dtype {arr.dtype}")
+    arr = _integers(codes, "codes must be integers")
     layout = _Layout(arr.shape, storage_type, scale, zero_point, axis, block_size)
-    lo, hi = storage_range(layout.storage_type)
-    if arr.size and (int(arr.min()) < lo or int(arr.max()) > hi):
-        raise CodecError(
-            f"codes lie in [{int(arr.min())}, {int(arr.max())}], outside the "
-            f"{_TYPE_NAMES[layout.storage_type]} range [{lo}, {hi}]"
-        )
+    _check_in_range(arr, layout.storage_type, "codes")
     return _dequantize(arr, layout, _out_dtype(out_dtype, layout.scale))
 
 
@@ -357,24 +364,17 @@ def quantize_codes(
     if arr.size and np.isnan(arr).any():
         raise CodecError(f"x holds {int(np.isnan(arr).sum())} NaN value(s), which have no code")
     lo, hi = storage_range(layout.storage_type)
-    code_dtype = _code_dtype(layout.storage_type)
-    segments = layout.segments()
-    out: Optional[np.ndarray] = None
-    for index, shape, params in segments:
+
+    def segment(index: tuple[Any, ...], shape: tuple[int, ...], params: list[np.ndarray]) -> np.ndarray:
         q = np.asarray(np.rint(arr[index].reshape(shape) / params[0]))
         np.clip(q, -_QUOTIENT_CLAMP, _QUOTIENT_CLAMP, out=q)
         codes = q.astype(np.int32)
         if len(params) > 1:
             codes += params[1]
         np.clip(codes, lo, hi, out=codes)
-        if len(segments) == 1:  # the whole tensor: no staging copy
-            return codes.astype(code_dtype).reshape(layout.shape)
-        if out is None:
-            out = np.empty(layout.shape, dtype=code_dtype)
-        out[index] = codes.astype(code_dtype).reshape(out[index].shape)
-    if out is None:
-        out = np.empty(layout.shape, dtype=code_dtype)
-    return out
+        return codes
+
+    return _assemble(layout, _code_dtype(layout.storage_type), segment)
 
 
 def affine_encode(

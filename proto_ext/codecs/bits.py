@@ -13,7 +13,7 @@ within a byte or a group of bytes (at most 9 iterations), never over elements.
 """
 from __future__ import annotations
 
-from typing import Union
+from typing import Any, Union
 
 import ml_dtypes
 import numpy as np
@@ -22,24 +22,27 @@ from onnxforge.errors import CodecError
 
 __all__ = [
     "BufferLike",
+    "ML_INT_DTYPES",
     "check_padding_zero",
     "packed_nbytes",
     "pack_codes",
     "read_bitfield",
     "read_bitfield_array",
+    "read_bitfields_at",
     "unpack_codes",
 ]
 
 BufferLike = Union[bytes, bytearray, memoryview, np.ndarray]
 """Anything holding packed bytes: a bytes-like object or a uint8 numpy array."""
 
-# ml_dtypes' narrow integer types store one element per byte; they count as integer codes.
-_ML_INT_DTYPES: dict[np.dtype, np.dtype] = {
+ML_INT_DTYPES: dict[np.dtype, np.dtype] = {
     np.dtype(ml_dtypes.int2): np.dtype(np.int8),
     np.dtype(ml_dtypes.uint2): np.dtype(np.uint8),
     np.dtype(ml_dtypes.int4): np.dtype(np.int8),
     np.dtype(ml_dtypes.uint4): np.dtype(np.uint8),
 }
+"""ml_dtypes' narrow integer types (one element per byte; they count as integer codes),
+each with the numpy integer type that holds its values."""
 
 
 def _check_bits(bits: int) -> int:
@@ -87,7 +90,7 @@ def _byte_view(buf: BufferLike, needed: int, what: str) -> np.ndarray:
 def _low_bytes(codes: np.ndarray) -> np.ndarray:
     """Codes as a flat uint8 array holding each code's low 8 bits (two's complement)."""
     arr = np.asarray(codes)
-    target = _ML_INT_DTYPES.get(arr.dtype)
+    target = ML_INT_DTYPES.get(arr.dtype)
     if target is not None:
         arr = arr.astype(target)
     elif arr.dtype.kind not in "iub":
@@ -201,48 +204,29 @@ def check_padding_zero(buf: BufferLike, bits: int, count: int) -> None:
         )
 
 
-def _check_records(records: np.ndarray, bit_offset: int, bit_width: int, count: int) -> np.ndarray:
+def _check_records(records: np.ndarray, bit_width: int) -> None:
     if not isinstance(records, np.ndarray) or records.dtype != np.uint8 or records.ndim != 2:
         desc = f"{records.dtype} array of rank {records.ndim}" if isinstance(records, np.ndarray) else type(records).__name__
         raise CodecError(f"records must be a 2-D uint8 array (records, record_bytes), got {desc}")
-    if isinstance(bit_offset, bool) or not isinstance(bit_offset, (int, np.integer)) or bit_offset < 0:
-        raise CodecError(f"bit_offset={bit_offset!r} is not a non-negative integer")
     if isinstance(bit_width, bool) or not isinstance(bit_width, (int, np.integer)) or not 1 <= bit_width <= 64:
         raise CodecError(f"bit_width={bit_width!r} is not an integer in 1..64")
-    count = _check_count(count)
-    end = int(bit_offset) + count * int(bit_width)
+
+
+def _check_end(records: np.ndarray, start: int, end: int) -> None:
     if end > records.shape[1] * 8:
         raise CodecError(
-            f"bit field(s) [{bit_offset}, {end}) extend past the {records.shape[1]}-byte "
+            f"bit field(s) [{start}, {end}) extend past the {records.shape[1]}-byte "
             f"({records.shape[1] * 8}-bit) record"
         )
-    return records
 
 
-def read_bitfield_array(records: np.ndarray, bit_offset: int, bit_width: int, count: int) -> np.ndarray:
-    """Read ``count`` consecutive little-endian bit fields from every record.
-
-    ``records`` is a uint8 array ``(R, record_bytes)``. Field ``k`` occupies
-    record bits ``[bit_offset + k*bit_width, bit_offset + (k+1)*bit_width)``
-    (bit ``i`` of a record is bit ``i % 8`` of byte ``i // 8``); ``bit_width``
-    is 1..64. Returns uint64 ``(R, count)``: for each record,
-    ``int.from_bytes(record, "little") >> (bit_offset + k*bit_width) & (2**bit_width - 1)``.
-    """
-    records = _check_records(records, bit_offset, bit_width, count)
-    offset, width, count = int(bit_offset), int(bit_width), int(count)
-    n_rec = records.shape[0]
-    if count == 0 or n_rec == 0:
-        return np.zeros((n_rec, count), dtype=np.uint64)
-    if offset % 8 == 0 and width in (8, 16, 32, 64):
-        size = width // 8
-        start = offset // 8
-        chunk = np.ascontiguousarray(records[:, start : start + count * size])
-        return chunk.view(f"<u{size}").astype(np.uint64)
-    starts = offset + np.arange(count, dtype=np.int64) * width
+def _gather_fields(records: np.ndarray, starts: np.ndarray, width: int) -> np.ndarray:
+    """uint64 ``(R, len(starts))``: the ``width``-bit field at each bit offset of ``starts``
+    (int64, in bounds) of every record."""
     first_byte = starts // 8
     shift = (starts % 8).astype(np.uint64)
     last_col = records.shape[1] - 1
-    acc = np.zeros((n_rec, count), dtype=np.uint64)
+    acc = np.zeros((records.shape[0], starts.size), dtype=np.uint64)
     # A field touches at most 9 bytes (64 bits starting mid-byte).
     for i in range((7 + width + 7) // 8):
         # Byte i of a field's span lands at field bit 8*i - shift; it matters only below width.
@@ -261,6 +245,50 @@ def read_bitfield_array(records: np.ndarray, bit_offset: int, bit_width: int, co
     if width < 64:
         acc &= np.uint64((1 << width) - 1)
     return acc
+
+
+def read_bitfield_array(records: np.ndarray, bit_offset: int, bit_width: int, count: int) -> np.ndarray:
+    """Read ``count`` consecutive little-endian bit fields from every record.
+
+    ``records`` is a uint8 array ``(R, record_bytes)``. Field ``k`` occupies
+    record bits ``[bit_offset + k*bit_width, bit_offset + (k+1)*bit_width)``
+    (bit ``i`` of a record is bit ``i % 8`` of byte ``i // 8``); ``bit_width``
+    is 1..64. Returns uint64 ``(R, count)``: for each record,
+    ``int.from_bytes(record, "little") >> (bit_offset + k*bit_width) & (2**bit_width - 1)``.
+    """
+    _check_records(records, bit_width)
+    if isinstance(bit_offset, bool) or not isinstance(bit_offset, (int, np.integer)) or bit_offset < 0:
+        raise CodecError(f"bit_offset={bit_offset!r} is not a non-negative integer")
+    offset, width, count = int(bit_offset), int(bit_width), _check_count(count)
+    _check_end(records, offset, offset + count * width)
+    n_rec = records.shape[0]
+    if count == 0 or n_rec == 0:
+        return np.zeros((n_rec, count), dtype=np.uint64)
+    if offset % 8 == 0 and width in (8, 16, 32, 64):
+        size = width // 8
+        start = offset // 8
+        chunk = np.ascontiguousarray(records[:, start : start + count * size])
+        return chunk.view(f"<u{size}").astype(np.uint64)
+    return _gather_fields(records, offset + np.arange(count, dtype=np.int64) * width, width)
+
+
+def read_bitfields_at(records: np.ndarray, bit_offsets: Any, bit_width: int) -> np.ndarray:
+    """Read the ``bit_width``-bit field (1..64) starting at each of ``bit_offsets`` from
+    every record, in one pass: uint64 ``(R, len(bit_offsets))``, bit order as in
+    :func:`read_bitfield_array`. The offsets may come in any order and any spacing."""
+    _check_records(records, bit_width)
+    starts = np.asarray(bit_offsets)
+    if starts.size and starts.dtype.kind not in "iu":
+        raise CodecError(f"bit offsets must be integers, got dtype {starts.dtype}")
+    starts = starts.astype(np.int64, copy=False).reshape(-1)
+    width = int(bit_width)
+    if starts.size == 0 or records.shape[0] == 0:
+        return np.zeros((records.shape[0], starts.size), dtype=np.uint64)
+    low = int(starts.min())
+    if low < 0:
+        raise CodecError(f"bit offset {low} is negative")
+    _check_end(records, low, int(starts.max()) + width)
+    return _gather_fields(records, starts, width)
 
 
 def read_bitfield(records: np.ndarray, bit_offset: int, bit_width: int) -> np.ndarray:

@@ -23,8 +23,9 @@ from onnxforge.proto_ext.catalogue import Catalogue
 from onnxforge.proto_ext.codecs.affine import affine_decode
 from onnxforge.proto_ext.codecs.records import read_fields
 from onnxforge.proto_ext.codecs.registry import get_decoder
+from onnxforge.proto_ext.dtypes import NUMPY_DTYPES
 from onnxforge.proto_ext.sizes import record_layout
-from onnxforge.proto_ext.types import EncodedValue, StructType, TensorType
+from onnxforge.proto_ext.types import EncodedValue, TensorType
 
 __all__ = ["decode_encoded", "payload_of", "run_decoder_function"]
 
@@ -94,11 +95,11 @@ def decode_encoded(header: EncodedValue, catalogue: Catalogue, *, model_dir: str
             raise CodecError(f"{path}: an affine value needs a logical_type (rule A2)")
         if a.scale is None:
             raise CodecError(f"{path}.affine.scale: missing (rule A3)")
-        zp = a.zero_point.array() if a.zero_point is not None else None
+        zp = a.zero_point.array(f"{path}.affine.zero_point") if a.zero_point is not None else None
         if zp is not None and zp.dtype.kind not in "iu":
             zp = zp.astype(np.int8 if zp.dtype.name.startswith("int") else np.uint8)
-        return affine_decode(payload, a.storage_type, shape, a.scale.array(), zp, a.axis, a.block_size,
-                             out_dtype=_out_dtype(header))
+        return affine_decode(payload, a.storage_type, shape, a.scale.array(f"{path}.affine.scale"), zp,
+                             a.axis, a.block_size, out_dtype=_out_dtype(header))
     st = header.struct_type
     decl = catalogue.resolve(st) if st.kind == "type_ref" else st
     if decl is None:
@@ -109,7 +110,7 @@ def decode_encoded(header: EncodedValue, catalogue: Catalogue, *, model_dir: str
         fields = read_fields(payload, layout, path)
     except VerificationError as exc:
         raise CodecError(f"{path}: not byte-decodable: {exc}") from exc
-    n = len(payload) // layout.bytes if layout.bytes else 0
+    n = len(payload) // layout.bytes  # record_layout makes layout.bytes positive (S4)
     shape = _logical_shape(header, path)
     if shape is None:
         return fields
@@ -131,17 +132,7 @@ def decode_encoded(header: EncodedValue, catalogue: Catalogue, *, model_dir: str
     return out.reshape(shape).astype(want, copy=False) if want is not None else out.reshape(shape)
 
 
-def _out_dtype(header: EncodedValue) -> Any:
-    from onnx import helper
-
+def _out_dtype(header: EncodedValue) -> np.dtype | None:
+    """numpy dtype of a tensor logical type; None when there is none."""
     lt = header.logical_type
-    if isinstance(lt, TensorType):
-        try:
-            return helper.tensor_dtype_to_np_dtype(lt.elem_type)
-        except KeyError:
-            return None
-    return None
-
-
-def _is_struct(t: Any) -> bool:
-    return isinstance(t, StructType)
+    return NUMPY_DTYPES.get(lt.elem_type) if isinstance(lt, TensorType) else None

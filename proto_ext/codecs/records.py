@@ -17,40 +17,15 @@ from typing import Any
 import numpy as np
 from onnx import TensorProto
 
-from onnxforge.errors import CodecError
-from onnxforge.proto_ext.codecs.bits import read_bitfield_array
+from onnxforge.proto_ext.codecs.bits import read_bitfield_array, read_bitfields_at
+from onnxforge.proto_ext.dtypes import np_dtype
 from onnxforge.proto_ext.sizes import LeafLayout, RecordLayout, record_count
 
 __all__ = ["read_fields", "records_array"]
 
-_SIGNED_SUBBYTE = {TensorProto.INT4: 4, TensorProto.INT2: 2}
-_UNSIGNED_SUBBYTE = {TensorProto.UINT4: 4, TensorProto.UINT2: 2}
+_SIGNED_SUBBYTE = frozenset({TensorProto.INT4, TensorProto.INT2})
+_UNSIGNED_SUBBYTE = frozenset({TensorProto.UINT4, TensorProto.UINT2})
 _UINT_FOR_BYTES = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
-
-
-def _numpy_dtype(elem_type: int) -> np.dtype:
-    # local table: the wire layer must not import graphbuilder
-    import ml_dtypes
-
-    table = {
-        TensorProto.FLOAT: np.float32, TensorProto.DOUBLE: np.float64, TensorProto.FLOAT16: np.float16,
-        TensorProto.BFLOAT16: ml_dtypes.bfloat16, TensorProto.INT8: np.int8, TensorProto.UINT8: np.uint8,
-        TensorProto.INT16: np.int16, TensorProto.UINT16: np.uint16, TensorProto.INT32: np.int32,
-        TensorProto.UINT32: np.uint32, TensorProto.INT64: np.int64, TensorProto.UINT64: np.uint64,
-        TensorProto.BOOL: np.bool_, TensorProto.COMPLEX64: np.complex64,
-        TensorProto.COMPLEX128: np.complex128, TensorProto.FLOAT8E4M3FN: ml_dtypes.float8_e4m3fn,
-        TensorProto.FLOAT8E4M3FNUZ: ml_dtypes.float8_e4m3fnuz,
-        TensorProto.FLOAT8E5M2: ml_dtypes.float8_e5m2,
-        TensorProto.FLOAT8E5M2FNUZ: ml_dtypes.float8_e5m2fnuz,
-    }
-    if elem_type == TensorProto.FLOAT8E8M0 and hasattr(ml_dtypes, "float8_e8m0fnu"):
-        return np.dtype(ml_dtypes.float8_e8m0fnu)
-    if elem_type == TensorProto.FLOAT4E2M1 and hasattr(ml_dtypes, "float4_e2m1fn"):
-        return np.dtype(ml_dtypes.float4_e2m1fn)
-    try:
-        return np.dtype(table[elem_type])
-    except KeyError:
-        raise CodecError(f"no numpy type for element type {elem_type}") from None
 
 
 def records_array(payload: Any, element_bytes: int, path: str = "payload") -> np.ndarray:
@@ -85,17 +60,10 @@ def _aligned_view(flat: np.ndarray, element_bytes: int, R: int, leaf: LeafLayout
     return view
 
 
-def _smallest_uint(width: int) -> np.dtype:
-    for limit, dt in ((8, np.uint8), (16, np.uint16), (32, np.uint32)):
-        if width <= limit:
-            return np.dtype(dt)
-    return np.dtype(np.uint64)
-
-
 def _read_leaf(flat: np.ndarray, records: np.ndarray, leaf: LeafLayout) -> np.ndarray:
     R = records.shape[0]
-    if leaf.kind == "bitfield":
-        return _gather_bits(records, leaf).astype(_smallest_uint(leaf.bit_width)).reshape(R, *leaf.shape)
+    if leaf.kind == "bitfield":  # elem_type: the smallest unsigned type holding bit_width
+        return _gather_bits(records, leaf).astype(np_dtype(leaf.elem_type)).reshape(R, *leaf.shape)
     et = leaf.elem_type
     if et in _SIGNED_SUBBYTE or et in _UNSIGNED_SUBBYTE:
         raw = _gather_bits(records, leaf).astype(np.int16)
@@ -104,7 +72,7 @@ def _read_leaf(flat: np.ndarray, records: np.ndarray, leaf: LeafLayout) -> np.nd
             raw = np.where(raw >= (1 << (w - 1)), raw - (1 << w), raw)
             return raw.astype(np.int8).reshape(R, *leaf.shape)
         return raw.astype(np.uint8).reshape(R, *leaf.shape)
-    dtype = _numpy_dtype(et)
+    dtype = np_dtype(et)
     view = _aligned_view(flat, records.shape[1], R, leaf, dtype)
     if view is not None:
         return view
@@ -122,9 +90,7 @@ def _gather_bits(records: np.ndarray, leaf: LeafLayout) -> np.ndarray:
         s == leaf.bit_width * math.prod(leaf.shape[i + 1:]) for i, s in enumerate(shape_strides))
     if contiguous:
         return read_bitfield_array(records, leaf.bit_offset, leaf.bit_width, leaf.count)
-    pos = _leaf_positions(leaf)
-    cols = [read_bitfield_array(records, int(p), leaf.bit_width, 1) for p in pos]
-    return np.concatenate(cols, axis=1) if cols else np.zeros((records.shape[0], 0), np.uint64)
+    return read_bitfields_at(records, _leaf_positions(leaf), leaf.bit_width)
 
 
 def read_fields(payload: Any, layout: RecordLayout, path: str = "payload") -> dict[str, np.ndarray]:
@@ -134,7 +100,7 @@ def read_fields(payload: Any, layout: RecordLayout, path: str = "payload") -> di
     out: dict[str, np.ndarray] = {}
     for leaf in layout.leaves:
         if leaf.kind == "constant":
-            out[leaf.path] = leaf.constant.array()
+            out[leaf.path] = leaf.constant.array(f"{path}: constant field {leaf.path!r}")
         else:
             out[leaf.path] = _read_leaf(flat, records, leaf)
     return out

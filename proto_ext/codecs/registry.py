@@ -15,13 +15,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 from onnx import TensorProto
 
 from onnxforge.errors import CodecError
 from onnxforge.proto_ext.sizes import RecordLayout
+from onnxforge.proto_ext.types import type_name
 
 __all__ = ["NativeDecoder", "register_decoder", "get_decoder", "registered_formats", "unregister_decoder"]
 
@@ -46,8 +46,7 @@ class NativeDecoder:
                                  f"declaration has {sorted(leaves)}")
             if elem is not None and leaf.elem_type != elem:
                 raise CodecError(f"{where}: decoder {self.name!r} expects {path!r} of element type "
-                                 f"{TensorProto.DataType.Name(elem)}, the declaration has "
-                                 f"{TensorProto.DataType.Name(leaf.elem_type)}")
+                                 f"{type_name(elem)}, the declaration has {type_name(leaf.elem_type)}")
             if shape is not None and leaf.shape != shape:
                 raise CodecError(f"{where}: decoder {self.name!r} expects {path!r} of shape {shape}, "
                                  f"the declaration has {leaf.shape}")
@@ -128,6 +127,3 @@ def _scaled_codebook(fields: dict[str, np.ndarray], n: int, layout: RecordLayout
         raise CodecError(f"codebook index {int(idx.max())} outside a {table.size}-entry codebook")
     return (table[idx] * _scalar(fields, "scale", n)[:, None]).astype(np.float32).reshape(-1)
 
-
-def decoder_for(name: str) -> Any:
-    return _REGISTRY.get(name)

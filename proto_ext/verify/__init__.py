@@ -8,7 +8,6 @@ A model is a :class:`~onnxforge.proto_ext.view.ModelView`, an extended or stock
 """
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from onnxforge.errors import VerificationError, Violation
@@ -29,19 +28,8 @@ def as_view(model: Any, model_dir: str | None = None) -> tuple[ModelView, list[V
         return model, []
     if hasattr(model, "verification_view"):
         return model.verification_view(), []
-    if isinstance(model, (str, os.PathLike)):
-        path = os.fspath(model)
-        with open(path, "rb") as fh:
-            data = fh.read()
-        model = schema.parse_model(data)
-        model_dir = model_dir or os.path.dirname(os.path.abspath(path))
-    elif isinstance(model, (bytes, bytearray, memoryview)):
-        model = schema.parse_model(model)
-    elif getattr(model, "DESCRIPTOR", None) is not None and model.DESCRIPTOR.full_name == "onnx.ModelProto":
-        model = schema.from_onnx(model)
-    elif getattr(model, "DESCRIPTOR", None) is None or model.DESCRIPTOR.full_name != f"{schema.PACKAGE}.ModelProto":
-        raise TypeError(f"cannot verify an object of type {type(model).__name__}")
-    return view_from_proto(model, model_dir), wire_violations(model)
+    message, folder = schema.read_model(model, model_dir)
+    return view_from_proto(message, folder), wire_violations(message)
 
 
 def check(model: Any, model_dir: str | None = None) -> list[Violation]:

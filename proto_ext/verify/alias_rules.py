@@ -564,11 +564,9 @@ def _call(a: _Aliases, s: _Scope, node: NodeView, report: Report) -> None:
         if k not in fmap:
             report.add("L11", f"{node.path}.output_alias[{idx}]",
                        f"aliases output {k} to input {j}, but output {k} of {fname} aliases no input")
-    access = {}
-    for v in f.value_infos:
-        access.setdefault(v.name, v.access)
+    formals = a.fscopes[(f.domain, f.name)].defs
     for j, formal in enumerate(f.inputs):
-        if access.get(formal) != READ_WRITE or j >= len(node.inputs) or not node.inputs[j]:
+        if formals[formal].access != READ_WRITE or j >= len(node.inputs) or not node.inputs[j]:
             continue
         r = a.root(s, node.inputs[j])
         if r is not None and not _rw_root(r):

@@ -32,21 +32,20 @@ values sharing a type_ref may have different payload lengths.
 from __future__ import annotations
 
 import math
-import os
-import re
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import PureWindowsPath
 
 from onnx import TensorProto
 
 from onnxforge.errors import ExternalDataError
 from onnxforge.proto_ext.catalogue import Catalogue
-from onnxforge.proto_ext.external import parse_external_entries, resolve_location
-from onnxforge.proto_ext.sizes import LayoutCache, SizeError
+from onnxforge.proto_ext.codecs.affine import STORAGE_BITS, affine_payload_nbytes
+from onnxforge.proto_ext.external import check_extent, check_location, parse_external_entries
+from onnxforge.proto_ext.sizes import LayoutCache, SizeError, field_path
 from onnxforge.proto_ext.types import (
     BITS,
+    ELEM_TYPES,
     FLOAT_TYPES,
     AffineLayout,
     Constant,
@@ -55,13 +54,12 @@ from onnxforge.proto_ext.types import (
     OptionalType,
     SequenceType,
     SparseTensorType,
-    StructField,
     StructType,
     TensorType,
     Type,
     type_name,
 )
-from onnxforge.proto_ext.verify.core import Report, register
+from onnxforge.proto_ext.verify.core import Report, iter_graphs, register
 from onnxforge.proto_ext.view import GraphView, ModelView
 
 __all__ = [
@@ -74,12 +72,7 @@ __all__ = [
     "check_encoded_values",
 ]
 
-AFFINE_STORAGE_TYPES = frozenset({
-    TensorProto.INT8, TensorProto.UINT8, TensorProto.INT4,
-    TensorProto.UINT4, TensorProto.INT2, TensorProto.UINT2,
-})
-_KNOWN_ELEM_TYPES = frozenset(TensorProto.DataType.values()) - {TensorProto.UNDEFINED}
-_RULE_PREFIX = re.compile(r"\[([A-Z][0-9]+)\] ")
+AFFINE_STORAGE_TYPES = frozenset(STORAGE_BITS)
 # Rules that the size computation may raise and that the P check reports itself;
 # the others (C1-C3, C7, T2-T5) are reported by the C and T checks.
 _SIZE_RULES = frozenset({"S1", "S2", "S4", "P2"})
@@ -99,26 +92,12 @@ class StructSite:
 # -- walking the model -----------------------------------------------------------------------
 
 
-def iter_graphs(view: ModelView) -> Iterator[GraphView]:
-    """The main graph and its subgraphs, then the subgraphs of local functions, depth first."""
-    roots = [view.graph] + [sub for f in view.functions for node in f.nodes for _, sub in node.subgraphs]
-    pending = list(reversed(roots))
-    while pending:
-        g = pending.pop()
-        yield g
-        pending.extend(sub for node in reversed(g.nodes) for _, sub in reversed(node.subgraphs))
-
-
 def _entry_path(index: int, entry: StructType) -> str:
     if entry.type_id:
         return f"struct_types[{index}](type_id={entry.type_id})"
     if entry.name:
         return f"struct_types[{index}]({entry.name!r})"
     return f"struct_types[{index}]"
-
-
-def _field_path(path: str, f: StructField, index: int) -> str:
-    return f"{path}.structure.field[{f.name!r}]" if f.name else f"{path}.structure.field[{index}]"
 
 
 def _sites_in_type(t: Type, path: str) -> Iterator[StructSite]:
@@ -136,7 +115,7 @@ def _sites_in_struct(st: StructType, path: str, where: str) -> Iterator[StructSi
     yield StructSite(st, path, where)
     for i, f in enumerate(st.fields):
         if f.type is not None:
-            yield from _sites_in_type(f.type, f"{_field_path(path, f, i)}.type")
+            yield from _sites_in_type(f.type, f"{field_path(path, f.name, i)}.type")
     if st.array is not None and st.array.element_type is not None:
         yield from _sites_in_type(st.array.element_type, f"{path}.array.element_type")
 
@@ -271,14 +250,14 @@ def _type_problem(t: Type, path: str) -> tuple[str, str] | None:
         return path, "the TypeProto has no case set"
     if isinstance(t, (TensorType, SparseTensorType)):
         case = "tensor_type" if isinstance(t, TensorType) else "sparse_tensor_type"
-        if t.elem_type not in _KNOWN_ELEM_TYPES:
+        if t.elem_type not in ELEM_TYPES:
             return f"{path}.{case}.elem_type", f"elem_type {type_name(t.elem_type)} is not a defined element type"
         return None
     if isinstance(t, (SequenceType, OptionalType)):
         member = "sequence_type" if isinstance(t, SequenceType) else "optional_type"
         return _type_problem(t.elem, f"{path}.{member}.elem_type")
     if isinstance(t, MapType):
-        if t.key_type not in _KNOWN_ELEM_TYPES:
+        if t.key_type not in ELEM_TYPES:
             return f"{path}.map_type.key_type", f"key_type {type_name(t.key_type)} is not a defined element type"
         return _type_problem(t.value, f"{path}.map_type.value_type")
     return None
@@ -302,7 +281,7 @@ def _check_names(names: list[str], paths: list[str], what: str, report: Report) 
 
 def _check_constant(c: Constant, path: str, report: Report) -> None:
     """T6."""
-    if c.data_type not in _KNOWN_ELEM_TYPES:
+    if c.data_type not in ELEM_TYPES:
         report.add("T6", path, f"data_type {type_name(c.data_type)} is not a defined element type")
     elif any(d < 0 for d in c.dims):
         report.add("T6", path, f"dims {list(c.dims)} has a negative dimension")
@@ -314,7 +293,7 @@ def _check_constant(c: Constant, path: str, report: Report) -> None:
 def _check_declaration(st: StructType, path: str, layouts: LayoutCache, report: Report) -> None:
     """T1-T7 for one declaration."""
     if st.kind == "structure":
-        fpaths = [_field_path(path, f, i) for i, f in enumerate(st.fields)]
+        fpaths = [field_path(path, f.name, i) for i, f in enumerate(st.fields)]
         _check_names([f.name for f in st.fields], fpaths, "field", report)
         for f, fpath in zip(st.fields, fpaths):
             has_type = f.type is not None or f.has_type
@@ -385,36 +364,13 @@ def _check_decoder(st: StructType, path: str, layouts: LayoutCache, report: Repo
 @register("T")
 def check_struct_types(view: ModelView, report: Report) -> None:
     """T1-T7 for every declaration of the model (catalogue and inline)."""
-    layouts = LayoutCache(report.catalogue)
+    layouts = report.layouts
     for site in iter_struct_sites(view):
         if site.struct.is_declaration:
             _check_declaration(site.struct, site.path, layouts, report)
 
 
 # -- P1-P6, S1-S6, A1-A8 ----------------------------------------------------------------------
-
-
-def _external_violation(exc: ExternalDataError, path: str, default_rule: str) -> tuple[str, str]:
-    """(rule, message) of an error raised by ``proto_ext.external`` (``"[P4] path: message"``)."""
-    text = str(exc)
-    match = _RULE_PREFIX.match(text)
-    rule = match.group(1) if match else default_rule
-    body = text[match.end():] if match else text
-    if body.startswith(f"{path}: "):
-        body = body[len(path) + 2:]
-    return rule, body
-
-
-def _location_problem(location: str) -> str | None:
-    """Lexical P5 checks, for when the model directory is unknown."""
-    if "\0" in location:
-        return f"location {location!r} contains a NUL byte"
-    windows = PureWindowsPath(location)
-    if location[:1] in ("/", "\\") or windows.drive or windows.root or os.path.isabs(location):
-        return f"location {location!r} is absolute; it must be relative to the model directory"
-    if ".." in re.split(r"[\\/]", location):
-        return f"location {location!r} has a '..' component; it must stay inside the model directory"
-    return None
 
 
 def _payload_bytes(ev: EncodedValue, path: str, model_dir: str | None, report: Report) -> int | None:
@@ -439,27 +395,15 @@ def _payload_bytes(ev: EncodedValue, path: str, model_dir: str | None, report: R
     try:
         ref = parse_external_entries(ev.external_data, path=epath, require_length=True)
     except ExternalDataError as exc:
-        rule, message = _external_violation(exc, epath, "P4")
-        report.add(rule, epath, message)
+        report.add(exc.rule or "P4", epath, exc.detail)
         return None
-    if model_dir is None:
-        problem = _location_problem(ref.location)
-        if problem:
-            report.add("P5", epath, problem)
-        return ref.length
     try:
-        target = resolve_location(model_dir, ref.location, path=epath)
-        size = os.stat(target).st_size
+        if model_dir is None:
+            check_location(ref.location, path=epath)
+        else:
+            check_extent(model_dir, ref, path=epath)
     except ExternalDataError as exc:
-        rule, message = _external_violation(exc, epath, "P5")
-        report.add(rule, epath, message)
-        return ref.length
-    except OSError as exc:
-        report.add("P5", epath, f"location {ref.location!r}: cannot stat the file: {exc.strerror}")
-        return ref.length
-    if ref.offset + ref.length > size:
-        report.add("P5", epath, f"offset {ref.offset} + length {ref.length} = {ref.offset + ref.length} "
-                                f"exceeds the size of {ref.location!r} ({size} bytes)")
+        report.add(exc.rule or "P5", epath, exc.detail)
     return ref.length
 
 
@@ -612,7 +556,7 @@ def _check_affine(ev: EncodedValue, a: AffineLayout, path: str, payload: int | N
                                    f"(block_size {a.block_size} on axis {a.axis}), got {list(scale.dims)}")
 
     if storage_ok and dims is not None and payload is not None:
-        want_bytes = (math.prod(dims) * BITS[a.storage_type] + 7) // 8
+        want_bytes = affine_payload_nbytes(a.storage_type, dims)
         if payload != want_bytes:
             report.add("A8", path, f"{math.prod(dims)} {type_name(a.storage_type)} codes take {want_bytes} "
                                    f"bytes, but the payload has {payload}")
@@ -621,7 +565,7 @@ def _check_affine(ev: EncodedValue, a: AffineLayout, path: str, payload: int | N
 @register("P")
 def check_encoded_values(view: ModelView, report: Report) -> None:
     """P1-P6 for every encoded initializer, with S1-S5 (struct) or A1-A8 (affine)."""
-    layouts = LayoutCache(report.catalogue)
+    layouts = report.layouts
     for g in iter_graphs(view):
         for j, ev in enumerate(g.encoded):
             path = _encoded_path(g, ev, j)

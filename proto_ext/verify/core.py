@@ -1,23 +1,29 @@
 """Rule registry and driver of static verification (rule IDs from RULES.md)."""
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from onnxforge.errors import Violation
 from onnxforge.proto_ext.catalogue import Catalogue
-from onnxforge.proto_ext.view import ModelView
+from onnxforge.proto_ext.sizes import LayoutCache
+from onnxforge.proto_ext.view import GraphView, ModelView
 
-__all__ = ["Report", "Check", "register", "run_checks", "CHECKS"]
+__all__ = ["Report", "Check", "register", "run_checks", "iter_graphs", "CHECKS"]
 
 
 @dataclass(slots=True)
 class Report:
-    """Collects violations; ``catalogue`` is the resolved struct-type catalogue."""
+    """Collects violations; ``catalogue`` is the resolved struct-type catalogue and
+    ``layouts`` the size and layout memo over it that every check shares."""
 
     view: ModelView
     catalogue: Catalogue
     violations: list[Violation] = field(default_factory=list)
+    layouts: LayoutCache = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.layouts = LayoutCache(self.catalogue)
 
     def add(self, rule: str, path: str, message: str) -> None:
         self.violations.append(Violation(rule, path, message))
@@ -42,3 +48,13 @@ def run_checks(view: ModelView) -> list[Violation]:
     for _group, check in CHECKS:
         check(view, report)
     return report.violations
+
+
+def iter_graphs(view: ModelView) -> Iterator[GraphView]:
+    """The main graph and its subgraphs, then the subgraphs of local functions, depth first."""
+    roots = [view.graph] + [sub for f in view.functions for node in f.nodes for _, sub in node.subgraphs]
+    pending = list(reversed(roots))
+    while pending:
+        g = pending.pop()
+        yield g
+        pending.extend(sub for node in reversed(g.nodes) for _, sub in reversed(node.subgraphs))

@@ -9,7 +9,7 @@ from onnx import TensorProto
 
 from onnxforge.proto_ext.typecompat import compatible, contains_string
 from onnxforge.proto_ext.types import StructType, TensorType
-from onnxforge.proto_ext.verify.core import Report, register
+from onnxforge.proto_ext.verify.core import Report, iter_graphs, register
 from onnxforge.proto_ext.view import (
     FunctionView,
     GraphView,
@@ -23,20 +23,10 @@ _STANDARD = ("", "ai.onnx")
 _CONTROL_FLOW = {"If": ("then_branch", "else_branch"), "Loop": ("body",), "Scan": ("body",)}
 
 
-def _graphs(g: GraphView) -> Iterator[GraphView]:
-    yield g
-    for node in g.nodes:
-        for _attr, sub in node.subgraphs:
-            yield from _graphs(sub)
-
-
-def _all_graphs(view: ModelView) -> Iterator[GraphView]:
-    """The main graph, its subgraphs, and the subgraphs inside local functions."""
-    yield from _graphs(view.graph)
-    for f in view.functions:
-        for node in f.nodes:
-            for _attr, sub in node.subgraphs:
-                yield from _graphs(sub)
+def _initializer_lists(g: GraphView) -> tuple[tuple[str, list[str]], ...]:
+    """(field name, names) of the graph's three initializer lists."""
+    return (("initializer", g.initializers), ("sparse_initializer", g.sparse_initializers),
+            ("encoded_initializer", [e.name for e in g.encoded]))
 
 
 def _value_specs(g: GraphView) -> Iterator[tuple[str, ValueSpec]]:
@@ -52,7 +42,7 @@ def _value_specs(g: GraphView) -> Iterator[tuple[str, ValueSpec]]:
 def check_names(view: ModelView, report: Report) -> None:
     """N1-N5: initializer names, SSA and scoping, types of values named like encoded
     initializers, valid value types."""
-    for g in _all_graphs(view):
+    for g in iter_graphs(view):
         _initializer_names(g, report)
         _encoded_value_types(g, report)
         _value_types(g, report)
@@ -68,9 +58,7 @@ def check_names(view: ModelView, report: Report) -> None:
 def _initializer_names(g: GraphView, report: Report) -> None:
     # N1: encoded initializers are named; N2: no name repeats across the three lists.
     seen: dict[str, str] = {}
-    lists = (("initializer", g.initializers), ("sparse_initializer", g.sparse_initializers),
-             ("encoded_initializer", [e.name for e in g.encoded]))
-    for kind, names in lists:
+    for kind, names in _initializer_lists(g):
         for i, name in enumerate(names):
             if not name:
                 if kind == "encoded_initializer":
@@ -166,9 +154,7 @@ def _ssa_graph(g: GraphView, outer: tuple[set[str], ...], outer_later: tuple[set
         elif any(v.name in s for s in outer):
             report.add("N3", path, f"graph input {v.name!r} shadows an outer-scope name")
         defined.add(v.name)
-    lists = (("initializer", g.initializers), ("sparse_initializer", g.sparse_initializers),
-             ("encoded_initializer", [e.name for e in g.encoded]))
-    for kind, names in lists:
+    for kind, names in _initializer_lists(g):
         for name in names:
             if name and any(name in s for s in outer):
                 report.add("N3", f"{g.path}.{kind}[{name!r}]", f"{name!r} shadows an outer-scope name")
@@ -202,7 +188,7 @@ def _ssa_function(f: FunctionView, report: Report) -> None:
 def check_bindings(view: ModelView, report: Report) -> None:
     """B1-B5: persistent bindings live in the main graph, name exact inputs and
     outputs once each, join compatible types and hold no STRING."""
-    for g in _all_graphs(view):
+    for g in iter_graphs(view):
         if g is not view.graph:
             for i, (iname, oname) in enumerate(g.bindings):
                 report.add("B1", f"{g.path}.persistent_bindings[{i}]",

@@ -11,6 +11,8 @@ from typing import Any
 from google.protobuf.unknown_fields import UnknownFieldSet
 
 from onnxforge.errors import Violation
+from onnxforge.proto_ext.convert import text
+from onnxforge.proto_ext.view import function_path
 
 __all__ = ["wire_violations"]
 
@@ -34,11 +36,8 @@ def _unknown_enum(msg: Any, path: str, out: list[Violation]) -> None:
                                  f"unknown enum value {uf.data} for {msg.DESCRIPTOR.name}.{name}"))
 
 
-def _graph(g: Any, path: str, out: list[Violation]) -> None:
-    for kind in ("input", "output", "value_info"):
-        for i, vi in enumerate(getattr(g, kind)):
-            _unknown_enum(vi, f"{path}.{kind}[{i}]", out)
-    for i, n in enumerate(g.node):
+def _nodes(nodes: Any, path: str, out: list[Violation]) -> None:
+    for i, n in enumerate(nodes):
         npath = f"{path}.node[{i}]"
         for j, a in enumerate(n.output_alias):
             _unknown_enum(a, f"{npath}.output_alias[{j}]", out)
@@ -47,6 +46,13 @@ def _graph(g: Any, path: str, out: list[Violation]) -> None:
                 _graph(attr.g, f"{npath}.attribute[{attr.name!r}].g", out)
             for k, sub in enumerate(attr.graphs):
                 _graph(sub, f"{npath}.attribute[{attr.name!r}].graphs[{k}]", out)
+
+
+def _graph(g: Any, path: str, out: list[Violation]) -> None:
+    for kind in ("input", "output", "value_info"):
+        for i, vi in enumerate(getattr(g, kind)):
+            _unknown_enum(vi, f"{path}.{kind}[{i}]", out)
+    _nodes(g.node, path, out)
     for i, e in enumerate(g.encoded_initializer):
         epath = f"{path}.encoded_initializer[{e.name!r}]"
         _unknown_enum(e, epath, out)
@@ -55,13 +61,13 @@ def _graph(g: Any, path: str, out: list[Violation]) -> None:
 
 
 def wire_violations(model: Any) -> list[Violation]:
+    """W1 for every extension enum field of the model: main graph, subgraphs and local
+    functions (their bodies' subgraphs included)."""
     out: list[Violation] = []
     _graph(model.graph, "graph", out)
     for f in model.functions:
-        fpath = f"functions[{f.domain + '::' + f.name!r}]"
+        fpath = function_path(text(f.domain), text(f.name))
         for i, vi in enumerate(f.value_info):
             _unknown_enum(vi, f"{fpath}.value_info[{i}]", out)
-        for i, n in enumerate(f.node):
-            for j, a in enumerate(n.output_alias):
-                _unknown_enum(a, f"{fpath}.node[{i}].output_alias[{j}]", out)
+        _nodes(f.node, fpath, out)
     return out
