@@ -5,7 +5,9 @@ Pass framework (:mod:`.manager`), invariants and side-effect analysis
 common-subexpression elimination, initializer deduplication, identity
 elimination, topological sort, constant folding, local-function inlining,
 value renaming and declarative rewrite rules. ``optimize(model)`` runs the
-default pipeline.
+default pipeline. Helpers the passes and the export share: :mod:`.domains`
+(the default domain's two spellings, the opset imports in force in a graph) and
+:mod:`.records` (attributes from Python values, tensor records).
 """
 from __future__ import annotations
 

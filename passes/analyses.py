@@ -19,8 +19,11 @@ Before / after (``alias_analysis``)::
 """
 from __future__ import annotations
 
-from onnxforge.graphbuilder.ir import Function, Graph, Model, Value
+from collections.abc import Iterator
+
+from onnxforge.graphbuilder.ir import Model, Value
 from onnxforge.graphbuilder.shapes import ShapesContext
+from onnxforge.passes.invariants import containers
 from onnxforge.passes.manager import Pass, PassResult, register_pass
 
 __all__ = ["ShapeInferencePass", "AliasAnalysisPass", "alias_roots"]
@@ -47,12 +50,13 @@ class ShapeInferencePass(Pass):
         return PassResult(model, changed)
 
 
-def _all_values(container: Graph | Function):
-    yield from container.inputs
-    for n in container:
-        yield from n.outputs
-        for sg in n.subgraphs():
-            yield from _all_values(sg)
+def _aliasable_values(model: Model) -> Iterator[Value]:
+    """Inputs and node outputs of every graph, subgraph and function body (initializers
+    never alias)."""
+    for c in containers(model):
+        yield from c.inputs
+        for n in c:
+            yield from n.outputs
 
 
 def alias_roots(model: Model, ctx: ShapesContext | None = None) -> dict[Value, Value]:
@@ -60,13 +64,11 @@ def alias_roots(model: Model, ctx: ShapesContext | None = None) -> dict[Value, V
     ctx = ctx or ShapesContext(model, strict=False)
     ctx.infer_graph(model.graph)
     out: dict[Value, Value] = {}
-    containers: list[Graph | Function] = [model.graph, *model.functions.values()]
-    for c in containers:
-        for v in _all_values(c):
-            root = ctx.alias_root(v)
-            if root is not v:
-                ctx.add_alias(v, root, f"alias of {v.name!r}")
-                out[v] = root
+    for v in _aliasable_values(model):
+        root = ctx.alias_root(v)
+        if root is not v:
+            ctx.add_alias(v, root, f"alias of {v.name!r}")
+            out[v] = root
     return out
 
 
@@ -78,9 +80,8 @@ class AliasAnalysisPass(Pass):
 
     def call(self, model: Model) -> PassResult:
         roots = alias_roots(model)
-        for c in [model.graph, *model.functions.values()]:
-            for v in _all_values(c):
-                v.meta.pop("alias_root", None)
+        for v in _aliasable_values(model):
+            v.meta.pop("alias_root", None)
         for v, root in roots.items():
             v.meta["alias_root"] = root
         return PassResult(model, False)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import struct
 from collections import ChainMap
+from collections.abc import MutableMapping
 from typing import Any
 
 from onnx import TensorProto
@@ -115,12 +116,14 @@ class _CSE:
         self.effects = EffectAnalysis(model)
         self.removed = 0
 
-    def run(self, c: Graph | Function, table: ChainMap) -> None:
+    def run(self, c: Graph | Function, table: MutableMapping[tuple, Node]) -> None:
+        """Merge within ``c``; ``table`` maps node keys to the first node computing them in
+        ``c`` or an enclosing scope (a plain dict at the top: most graphs have no subgraphs)."""
         for n in c:
             if n.attributes and any(a.type in (AttrType.GRAPH, AttrType.GRAPHS)
                                     for a in n.attributes.values()):
                 for sg in n.subgraphs():
-                    self.run(sg, table.new_child())
+                    self.run(sg, ChainMap({}, table))
                 continue
             if not n.outputs or is_nondeterministic(n) or self.effects.has_side_effects(n):
                 continue
@@ -143,9 +146,9 @@ class _CSE:
 def eliminate_common_subexpressions(model: Model) -> int:
     """Merge duplicate computations in every graph, subgraph and function; returns how many."""
     cse = _CSE(model)
-    cse.run(model.graph, ChainMap())
+    cse.run(model.graph, {})
     for fn in model.functions.values():
-        cse.run(fn, ChainMap())
+        cse.run(fn, {})
     return cse.removed
 
 

@@ -23,7 +23,8 @@ reverse order, so the pass is O(N).
 from __future__ import annotations
 
 from onnxforge.graphbuilder.ir import Function, Graph, Model, Node
-from onnxforge.passes.invariants import EffectAnalysis, containers
+from onnxforge.passes.domains import is_default_domain
+from onnxforge.passes.invariants import EffectAnalysis, called_functions, containers
 from onnxforge.passes.manager import Pass, PassResult, register_pass
 from onnxforge.passes.rename import erase_node
 
@@ -34,7 +35,7 @@ Container = Graph | Function
 
 def _dead(node: Node, outputs: set[int], effects: EffectAnalysis) -> bool:
     outs = node.outputs
-    if not outs and node.domain not in ("", "ai.onnx"):
+    if not outs and not is_default_domain(node.domain):
         return False  # an output-less custom operator exists for what it does
     for o in outs:
         if o.num_uses() or id(o) in outputs:
@@ -80,17 +81,7 @@ def _unused_functions(model: Model) -> int:
     for st in model.struct_types:  # a decoder / encoder body may call local functions
         if st.decoder is not None or st.encoder is not None:
             return 0
-    used: set[tuple[str, str, str]] = set()
-    work: list[Container] = [model.graph]
-    while work:
-        c = work.pop()
-        for g in (list(c.all_graphs()) if isinstance(c, Graph) else [c, *c.all_graphs()]):
-            for n in g:
-                key = (n.domain, n.op_type, n.overload)
-                fn = model.functions.get(key)
-                if fn is not None and key not in used:
-                    used.add(key)
-                    work.append(fn)
+    used = called_functions(model, [model.graph])
     dead = [k for k in model.functions if k not in used]
     for k in dead:
         del model.functions[k]

@@ -31,6 +31,7 @@ from onnx import TensorProto
 
 from onnxforge.graphbuilder.ir import Graph, Model, Value
 from onnxforge.graphbuilder.tensors import EncodedTensor, Tensor
+from onnxforge.passes.invariants import containers
 from onnxforge.passes.manager import Pass, PassResult, register_pass
 from onnxforge.passes.rename import replace_value
 
@@ -109,8 +110,9 @@ def _dedup_graph(g: Graph) -> int:
 
 
 def deduplicate_initializers(model: Model) -> int:
-    """Merge equal initializers in every graph and subgraph; returns how many were removed."""
-    return sum(_dedup_graph(g) for g in list(model.graph.all_graphs()))
+    """Merge equal initializers in every graph and subgraph (of the main graph and of local
+    functions); returns how many were removed."""
+    return sum(_dedup_graph(g) for g in list(containers(model)) if isinstance(g, Graph))
 
 
 @register_pass

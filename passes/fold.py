@@ -42,8 +42,10 @@ from onnxforge.graphbuilder.ir import (
     Value,
 )
 from onnxforge.graphbuilder.tensors import EncodedTensor, Tensor, onnx_dtype
+from onnxforge.passes.domains import DEFAULT_DOMAINS, imported_version, opsets_in_scope
 from onnxforge.passes.invariants import EffectAnalysis, is_nondeterministic
-from onnxforge.passes.manager import Pass, PassError, PassResult, register_pass
+from onnxforge.passes.manager import Pass, PassResult, check_int_option, register_pass
+from onnxforge.passes.records import copy_tensor
 from onnxforge.passes.rename import erase_node
 from onnxforge.proto_ext.types import TensorType
 
@@ -56,7 +58,6 @@ __all__ = [
 ]
 
 Container = Graph | Function
-_DOMAINS = ("", "ai.onnx")
 
 # Result has the broadcast shape of the inputs.
 _ELEMENTWISE = frozenset({
@@ -112,7 +113,7 @@ def constant_value(v: Value | None) -> np.ndarray | None:
             return None
         return t.numpy()
     p = v.producer()
-    if p is not None and p.op_type == "Constant" and p.domain in _DOMAINS:
+    if p is not None and p.op_type == "Constant" and p.domain in DEFAULT_DOMAINS:
         t = _constant_attr_tensor(p)
         if t is not None:
             return t.numpy()
@@ -188,11 +189,9 @@ def _fast(node: Node, arrays: list[np.ndarray | None], opset: int) -> list[np.nd
 
 
 def _reference(node: Node, arrays: list[np.ndarray | None], opsets: dict[str, int]) -> list[np.ndarray] | None:
-    try:
-        from onnxforge.graphbuilder.serde import to_onnx
-    except ImportError:
-        return None
-    from onnx.reference import ReferenceEvaluator
+    from onnx.reference import ReferenceEvaluator  # imported on first need: most models never do
+
+    from onnxforge.graphbuilder.serde import to_onnx
 
     g = Graph("fold")
     ins: list[Value | None] = []
@@ -261,9 +260,6 @@ class _Folder:
         self.max_input_bytes = max_input_bytes
         self.changed = 0
 
-    def opsets(self, c: Container) -> dict[str, int]:
-        return c.opset_imports if isinstance(c, Function) and c.opset_imports else self.model.opset_imports
-
     def run(self, c: Container) -> None:
         for n in c:
             if n.attributes and any(a.type in (AttrType.GRAPH, AttrType.GRAPHS)
@@ -271,7 +267,7 @@ class _Folder:
                 for sg in n.subgraphs():
                     self.run(sg)
                 continue
-            if n.domain not in _DOMAINS:
+            if n.domain not in DEFAULT_DOMAINS:
                 continue
             if n.op_type == "Constant":
                 if self.lift and isinstance(c, Graph):
@@ -308,11 +304,7 @@ class _Folder:
         t = _constant_attr_tensor(node)
         if t is None or len(node.outputs) != 1 or self.effects.has_side_effects(node):
             return
-        # A new record around the same payload: the attribute's tensor may be shared
-        # (copied function bodies), and registering an initializer renames its record.
-        lifted = Tensor(t.dtype, t.dims, raw=t.raw, array=t.array, proto=t.proto, external=t.external,
-                        doc_string=t.doc_string, metadata=dict(t.metadata), extra=t.extra)
-        self._replace(g, node, [lifted])
+        self._replace(g, node, [copy_tensor(t)])  # the attribute's record may be shared
 
     def try_fold(self, c: Container, n: Node) -> None:
         for v in n.inputs:  # cheap rejection first: most nodes read a computed value
@@ -321,7 +313,7 @@ class _Folder:
                 if p is None or p.op_type != "Constant":
                     return
         op = n.op_type
-        if op in _NEVER or not n.outputs or is_nondeterministic(n):
+        if op in _NEVER or not n.outputs or is_nondeterministic(n) or self.effects.has_side_effects(n):
             return
         if any(a.ref_attr_name for a in n.attributes.values()):
             return
@@ -336,14 +328,14 @@ class _Folder:
                 return
             total += a.nbytes
             arrays.append(a)
-        if total > self.max_input_bytes or self.effects.has_side_effects(n):
+        if total > self.max_input_bytes:
             return
         predicted = _predicted_elements(n, arrays)
         widest = max((a.dtype.itemsize for a in arrays if a is not None), default=8)
         if predicted is None or predicted * widest > 2 * self.max_output_bytes:
             return  # the exact size is checked after evaluating; this guards memory
-        opsets = self.opsets(c)
-        opset = opsets.get(n.domain or "", opsets.get("", 23))
+        opsets = opsets_in_scope(self.model, c)
+        opset = imported_version(opsets, n.domain) or 23
         with np.errstate(all="ignore"):
             results = _fast(n, arrays, opset)
             if results is None:
@@ -392,8 +384,8 @@ class ConstantFoldingPass(Pass):
 
     def __init__(self, *, lift: bool = True, max_output_bytes: int = 1 << 24,
                  max_input_bytes: int = 1 << 26):
-        if max_output_bytes < 0 or max_input_bytes < 0:
-            raise PassError("constant_folding: size limits must be >= 0")
+        check_int_option(self.name, "max_output_bytes", max_output_bytes, 0)
+        check_int_option(self.name, "max_input_bytes", max_input_bytes, 0)
         self.lift = lift
         self.max_output_bytes = max_output_bytes
         self.max_input_bytes = max_input_bytes

@@ -22,19 +22,17 @@ One walk over the nodes of each graph, subgraph and function body: O(N).
 from __future__ import annotations
 
 from onnxforge.graphbuilder.ir import Function, Graph, Model
+from onnxforge.passes.domains import is_default_domain
 from onnxforge.passes.invariants import containers
 from onnxforge.passes.manager import Pass, PassResult, register_pass
 from onnxforge.passes.rename import erase_node, replace_value
 
 __all__ = ["IdentityEliminationPass", "eliminate_identities"]
 
-_DOMAINS = ("", "ai.onnx")
-
-
 def _eliminate(c: Graph | Function) -> int:
     removed = 0
     for n in c:
-        if n.op_type != "Identity" or n.domain not in _DOMAINS or len(n.outputs) != 1:
+        if n.op_type != "Identity" or not is_default_domain(n.domain) or len(n.outputs) != 1:
             continue
         ins = n.inputs
         if len(ins) != 1 or ins[0] is None or n.output_alias:

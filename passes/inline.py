@@ -18,14 +18,14 @@ Before / after (``f(a, b) = Mul(Add(a, b), b)``)::
 
 Calls inside copied bodies are expanded in turn (a recursion deeper than
 ``max_depth`` raises :class:`InlineError`). A function whose opset imports
-disagree with the model's is left as a call. Inlined functions that are no
-longer called are removed unless a struct type's decoder or encoder body might
-call them.
+disagree with those in force where it is called (the model's, or the calling
+function's) is left as a call. Inlined functions that are no longer called are
+removed unless a struct type's decoder or encoder body might call them.
 """
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import replace as dc_replace
+from functools import cache, partial
 
 from onnxforge.errors import OnnxforgeError
 from onnxforge.graphbuilder.ir import (
@@ -37,8 +37,10 @@ from onnxforge.graphbuilder.ir import (
     Node,
     Value,
 )
-from onnxforge.graphbuilder.tensors import EncodedTensor, Tensor
-from onnxforge.passes.manager import Pass, PassResult, register_pass
+from onnxforge.passes.domains import imported_version, opsets_in_scope
+from onnxforge.passes.invariants import called_functions
+from onnxforge.passes.manager import Pass, PassError, PassResult, check_int_option, register_pass
+from onnxforge.passes.records import copy_tensor
 from onnxforge.passes.rename import NameScope, erase_node, transfer_value
 
 __all__ = ["InlineError", "InlinePass", "inline_functions"]
@@ -50,42 +52,19 @@ class InlineError(OnnxforgeError, ValueError):
     """A call cannot be inlined (recursive functions, malformed body)."""
 
 
-def _copy_payload(t: Tensor | EncodedTensor) -> Tensor | EncodedTensor:
-    if isinstance(t, EncodedTensor):
-        return EncodedTensor(dc_replace(t.header), t.external)
-    return Tensor(t.dtype, t.dims, name=t.name, raw=t.raw, array=t.array, proto=t.proto,
-                  external=t.external, doc_string=t.doc_string, metadata=dict(t.metadata),
-                  extra=t.extra)
-
-
 class _Inliner:
     def __init__(self, model: Model, selected: set[FunctionId], max_depth: int):
         self.model = model
         self.selected = selected
         self.max_depth = max_depth
-        self.scope: NameScope | None = None
+        self.names = cache(partial(NameScope.from_model, model))  # built when a name is first needed
         self.inlined = 0
-        self.skipped: set[FunctionId] = set()
-
-    def names(self) -> NameScope:
-        if self.scope is None:
-            self.scope = NameScope.from_model(self.model)
-        return self.scope
 
     # -- opsets ---------------------------------------------------------------------------
-    def _root_opsets(self, c: Graph | Function) -> dict[str, int]:
-        g: Graph | Function | None = c
-        while isinstance(g, Graph) and g.parent is not None:
-            g = g.parent.graph
-        if isinstance(g, Function):
-            return g.opset_imports
-        return self.model.opset_imports
-
-    def _compatible(self, fn: Function, opsets: dict[str, int]) -> bool:
+    @staticmethod
+    def _compatible(fn: Function, opsets: dict[str, int]) -> bool:
         for dom, ver in fn.opset_imports.items():
-            have = opsets.get(dom)
-            if have is None and dom == "ai.onnx":
-                have = opsets.get("")
+            have = imported_version(opsets, dom)
             if have is not None and have != ver:
                 return False
         return True
@@ -154,7 +133,7 @@ class _Inliner:
             known = vmap.get(id(v))
             nv = known if known is not None else self._clone_value(v, prefix)
             vmap[id(v)] = nv
-            ng.add_initializer(nv, _copy_payload(v.const))
+            ng.add_initializer(nv, copy_tensor(v.const))
         ng.sparse_initializers.update(g.sparse_initializers)
         for n in g:
             ng.append(self._clone_node(n, call, fn, vmap, prefix))
@@ -186,12 +165,11 @@ class _Inliner:
         if depth > self.max_depth:
             raise InlineError(f"{c.path()}: inlining {fn.domain}::{fn.name} exceeds depth "
                               f"{self.max_depth}: the local functions call each other recursively")
-        opsets = self._root_opsets(c)
+        opsets = opsets_in_scope(self.model, c)
         if not self._compatible(fn, opsets):
-            self.skipped.add(key)
             return None
-        for dom, ver in fn.opset_imports.items():
-            if dom not in opsets and not (dom == "ai.onnx" and "" in opsets):
+        for dom, ver in fn.opset_imports.items():  # the body's domains are imported where it lands
+            if imported_version(opsets, dom) is None:
                 opsets[dom] = ver
         prefix = call.name or fn.name
         vmap: dict[int, Value | None] = {}
@@ -244,23 +222,6 @@ class _Inliner:
                     self.process(sg, list(sg), depth)
 
 
-def _calls(model: Model, roots: Iterable[Graph | Function]) -> set[FunctionId]:
-    """Functions reachable by calls from ``roots`` (transitively through function bodies)."""
-    reached: set[FunctionId] = set()
-    work = list(roots)
-    while work:
-        c = work.pop()
-        graphs = list(c.all_graphs()) if isinstance(c, Graph) else [c, *c.all_graphs()]
-        for g in graphs:
-            for n in g:
-                key = (n.domain, n.op_type, n.overload)
-                fn = model.functions.get(key)
-                if fn is not None and key not in reached:
-                    reached.add(key)
-                    work.append(fn)
-    return reached
-
-
 def inline_functions(model: Model, functions: Iterable[FunctionId] | None = None, *,
                      remove_inlined: bool = True, max_depth: int = 64) -> int:
     """Inline calls of local functions (all, or the ids in ``functions``); returns how many."""
@@ -276,11 +237,18 @@ def inline_functions(model: Model, functions: Iterable[FunctionId] | None = None
             st.decoder is not None or st.encoder is not None for st in model.struct_types):
         kept_roots: list[Graph | Function] = [model.graph] + [
             f for k, f in model.functions.items() if k not in selected]
-        reached = _calls(model, kept_roots)
+        reached = called_functions(model, kept_roots)
         for key in list(model.functions):
             if key in selected and key not in reached:
                 del model.functions[key]
     return inl.inlined
+
+
+def _function_id(f: object) -> FunctionId:
+    if isinstance(f, (tuple, list)) and len(f) == 3 and all(isinstance(x, str) for x in f):
+        return (f[0], f[1], f[2])
+    raise PassError(f"inline: a function is named by its id (domain, name, overload), three "
+                    f"strings; got {f!r}")
 
 
 @register_pass
@@ -295,7 +263,8 @@ class InlinePass(Pass):
 
     def __init__(self, functions: Iterable[FunctionId] | None = None, *, remove_inlined: bool = True,
                  max_depth: int = 64):
-        self.functions = None if functions is None else [tuple(f) for f in functions]
+        check_int_option(self.name, "max_depth", max_depth, 0)
+        self.functions = None if functions is None else [_function_id(f) for f in functions]
         self.remove_inlined = remove_inlined
         self.max_depth = max_depth
 

@@ -13,7 +13,9 @@ Two families of checks run between passes in debug mode
 :class:`EffectAnalysis` answers "may this node be removed, merged or moved?"
 once per pass in O(N): a node writing a READ_WRITE input (a MUST_ALIAS port),
 producing a bound or aliased output, calling a local function that does, or
-owning a subgraph that does, has side effects.
+owning a subgraph that does, has side effects. The walks the passes share live
+here too: :func:`containers` (every graph and function body), :func:`owner_in`,
+:func:`called_functions` (the local functions some code calls).
 
 Example::
 
@@ -23,7 +25,7 @@ Example::
 """
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 from onnxforge.errors import VerificationError, Violation
 from onnxforge.graphbuilder.ir import (
@@ -41,6 +43,7 @@ __all__ = [
     "NONDETERMINISTIC_OPS",
     "EffectAnalysis",
     "InvariantError",
+    "called_functions",
     "check_invariants",
     "containers",
     "ir_violations",
@@ -64,16 +67,22 @@ class InvariantError(VerificationError):
     before it (in order) and ``violations`` what is broken.
     """
 
+    INPUT_MODEL = "<input model>"
+    """``pass_name`` when the model breaks the invariants before any pass ran."""
+
     def __init__(self, pass_name: str, previous: list[str], violations: list[Violation]):
         super().__init__(violations)
         self.pass_name = pass_name
         self.previous = list(previous)
-        before = ", ".join(self.previous) if self.previous else "none"
         body = "\n  ".join(str(v) for v in self.violations[:20])
         more = "" if len(self.violations) <= 20 else f"\n  ... {len(self.violations) - 20} more"
-        message = (f"invariants broken after running pass {pass_name!r} "
-                   f"(passes run before it: [{before}]):\n  {body}{more}")
-        self.args = (message,)
+        if pass_name == self.INPUT_MODEL:
+            where = "the input model breaks invariants before any pass ran"
+        else:
+            before = ", ".join(self.previous) if self.previous else "none"
+            where = (f"invariants broken after running pass {pass_name!r} "
+                     f"(passes run before it: [{before}])")
+        self.args = (f"{where}:\n  {body}{more}",)
 
     def __str__(self) -> str:
         return str(self.args[0])
@@ -98,12 +107,40 @@ def is_nondeterministic(node: Node) -> bool:
     return False
 
 
+def _subgraphs_of(c: Container) -> Iterator[Graph]:
+    """The subgraphs of ``c``'s nodes and theirs, depth first (nodes without attributes,
+    most of them, are passed over without building their list of subgraphs)."""
+    for n in c:
+        if n.attributes:
+            for sg in n.subgraphs():
+                yield sg
+                yield from _subgraphs_of(sg)
+
+
 def containers(model: Model) -> Iterator[Container]:
     """The main graph, every subgraph and every local function body (with subgraphs)."""
-    yield from model.graph.all_graphs()
+    yield model.graph
+    yield from _subgraphs_of(model.graph)
     for fn in model.functions.values():
         yield fn
-        yield from fn.all_graphs()
+        yield from _subgraphs_of(fn)
+
+
+def called_functions(model: Model, roots: Iterable[Container]) -> set[tuple[str, str, str]]:
+    """Ids of the local functions that ``roots`` call, directly or through the functions
+    they call (subgraphs included)."""
+    reached: set[tuple[str, str, str]] = set()
+    work = list(roots)
+    while work:
+        c = work.pop()
+        for g in (c, *_subgraphs_of(c)):
+            for n in g:
+                key = (n.domain, n.op_type, n.overload)
+                fn = model.functions.get(key)
+                if fn is not None and key not in reached:
+                    reached.add(key)
+                    work.append(fn)
+    return reached
 
 
 def owner_in(node: Node, container: Container) -> Node | None:
@@ -144,13 +181,16 @@ class EffectAnalysis:
         for a in node.output_alias:
             if a.kind == MUST_ALIAS:
                 return True
-        bound = self.bound_outputs(node.graph)
+        g = node.graph
+        bound = self.bound_outputs(g) if isinstance(g, Graph) and g.bindings else None
         for o in node.outputs:
             if o.alias_of is not None or (bound and id(o) in bound):
                 return True
-        fn = self.model.functions.get((node.domain, node.op_type, node.overload))
-        if fn is not None and self.function_has_side_effects(fn):
-            return True
+        functions = self.model.functions
+        if functions:
+            fn = functions.get((node.domain, node.op_type, node.overload))
+            if fn is not None and self.function_has_side_effects(fn):
+                return True
         if node.attributes:
             for sg in node.subgraphs():
                 if self._graph_has_side_effects(sg):

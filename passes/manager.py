@@ -44,6 +44,7 @@ from typing import Any, TypeVar
 
 from onnxforge.errors import OnnxforgeError
 from onnxforge.graphbuilder.ir import Model
+from onnxforge.passes.invariants import InvariantError, check_invariants
 
 __all__ = [
     "Pass",
@@ -52,6 +53,7 @@ __all__ = [
     "PassOrderError",
     "PassRecord",
     "PassResult",
+    "check_int_option",
     "check_order",
     "get_pass",
     "list_passes",
@@ -141,6 +143,14 @@ def get_pass(name: str, **options: Any) -> Pass:
         raise PassError(f"pass {name!r}: bad options {sorted(options)}: {exc}") from None
 
 
+def check_int_option(owner: str, option: str, value: Any, minimum: int) -> int:
+    """``value`` if it is an int >= ``minimum``; else :class:`PassError` naming ``owner``'s
+    ``option`` (for pass constructors, whose options users give)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise PassError(f"{owner}: {option} must be an int >= {minimum}, got {value!r}")
+    return value
+
+
 def list_passes() -> list[str]:
     """Names of every registered pass, sorted."""
     return sorted(_REGISTRY)
@@ -217,12 +227,14 @@ class PassManager:
     def __init__(self, passes: Iterable[Pass | str], *, debug: bool = False,
                  progress: Callable[[PassRecord], None] | None = None,
                  fixed_point: bool = False, max_iterations: int = 8):
+        if isinstance(passes, str):
+            raise PassError(f"passes must be a sequence of pass names or Pass objects, not the "
+                            f"string {passes!r} (write [{passes!r}] for one pass)")
         self.passes: list[Pass] = [get_pass(p) if isinstance(p, str) else p for p in passes]
         for p in self.passes:
             if not isinstance(p, Pass):
                 raise PassError(f"{p!r} is not a Pass or a registered pass name")
-        if max_iterations < 1:
-            raise PassError("max_iterations must be >= 1")
+        check_int_option("PassManager", "max_iterations", max_iterations, 1)
         check_order(self.passes)
         self.debug = debug
         self.progress = progress
@@ -234,9 +246,8 @@ class PassManager:
     def names(self) -> list[str]:
         return [p.name for p in self.passes]
 
-    def _check(self, model: Model, pass_name: str, previous: list[str]) -> None:
-        from onnxforge.passes.invariants import InvariantError, check_invariants
-
+    @staticmethod
+    def _check(model: Model, pass_name: str, previous: list[str]) -> None:
         violations = check_invariants(model)
         if violations:
             raise InvariantError(pass_name, previous, violations)
@@ -248,7 +259,7 @@ class PassManager:
     def _run(self, model: Model) -> PassResult:
         self.records = []
         if self.debug:
-            self._check(model, "<input model>", [])
+            self._check(model, InvariantError.INPUT_MODEL, [])
         ran: list[str] = []
         any_change = False
         rounds = self.max_iterations if self.fixed_point else 1
@@ -271,8 +282,8 @@ class PassManager:
             any_change = any_change or changed
             if not changed:
                 break
-        else:
-            if self.fixed_point and changed:
+        else:  # every round changed the model
+            if self.fixed_point:
                 raise PassError(f"pipeline {self.names} still changes the model after "
                                 f"{self.max_iterations} rounds (no fixed point)")
         return PassResult(model, any_change)

@@ -41,27 +41,13 @@ DEFAULT_PIPELINE: tuple[str, ...] = (
 )
 
 
-def _ensure_registered() -> None:
-    # Importing the modules registers their passes.
-    from onnxforge.passes import (  # noqa: F401
-        analyses,
-        cse,
-        dce,
-        dedup,
-        fold,
-        identity,
-        inline,
-        rename,
-        rewrite,
-        topo,
-    )
-
-
 def default_pass_manager(passes: Sequence[Pass | str] | None = None, *, debug: bool = False,
                          progress: Callable[[PassRecord], None] | None = None,
                          fixed_point: bool = False, max_iterations: int = 8) -> PassManager:
-    """A :class:`PassManager` over ``passes`` (default :data:`DEFAULT_PIPELINE`)."""
-    _ensure_registered()
+    """A :class:`PassManager` over ``passes`` (default :data:`DEFAULT_PIPELINE`).
+
+    Every pass of the package is registered by then: importing this module imports the
+    ``onnxforge.passes`` package, which imports every pass module."""
     return PassManager(DEFAULT_PIPELINE if passes is None else passes, debug=debug,
                        progress=progress, fixed_point=fixed_point, max_iterations=max_iterations)
 

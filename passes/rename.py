@@ -47,7 +47,6 @@ class RenameError(OnnxforgeError, ValueError):
     """A rename that would break name uniqueness, shadow a name or change the interface silently."""
 
 
-
 def _container_of(v: Value) -> Container | None:
     p = v.producer()
     if p is not None:
@@ -108,24 +107,20 @@ def _is_output(c: Container | None, v: Value) -> bool:
     return c is not None and c.is_output(v)
 
 
-def can_replace(old: Value, new: Value) -> bool:
-    """True if :func:`replace_value` can merge ``old`` into ``new`` without losing anything."""
-    if old is new:
-        return False
-    c = _container_of(old)
-    if not _is_output(c, old):
-        return True
-    # ``old`` names a graph output: ``new`` must be able to take over that name.
+def _can_take_over(c: Container | None, old: Value, new: Value) -> bool:
+    """``new`` can take the place of ``old``, an output of ``c``: a node output of ``c``
+    that is not an output itself, and that stands for the storage ``old`` aliases."""
     p = new.producer()
     return (p is not None and p.graph is c and not _is_output(c, new)
             and (old.alias_of is None or old.alias_of is new.aliased_input()))
 
 
-def _retarget_aliases(old: Value, new: Value, uses: list[tuple[Node, int]]) -> None:
-    for n, _ in uses:
-        for o in n.outputs:
-            if o.alias_of is old:
-                o.alias_of = new
+def can_replace(old: Value, new: Value) -> bool:
+    """True if :func:`replace_value` can merge ``old`` into ``new`` without losing anything."""
+    if old is new:
+        return False
+    c = _container_of(old)
+    return not _is_output(c, old) or _can_take_over(c, old, new)
 
 
 def transfer_value(old: Value, new: Value) -> None:
@@ -133,9 +128,9 @@ def transfer_value(old: Value, new: Value) -> None:
     positions, bindings, and every use. ``old`` is left unused and unnamed.
 
     ``new`` must be a node output of the same container that is not a graph output
-    itself (see :func:`can_replace`).
+    itself (see :func:`can_replace`). Outputs of consumers that alias ``old`` alias
+    ``new`` afterwards (the IR's ``replace_all_uses_with`` moves them).
     """
-    uses = old.uses()
     name = old.name
     old.name = ""
     if old.type is not None:
@@ -153,7 +148,6 @@ def transfer_value(old: Value, new: Value) -> None:
         src = new.aliased_input()
         if src is not None:
             new.alias_of = src  # rule L4: an output from a MUST_ALIAS port names its source
-    _retarget_aliases(old, new, uses)
 
 
 def replace_value(old: Value, new: Value) -> bool:
@@ -164,14 +158,15 @@ def replace_value(old: Value, new: Value) -> bool:
     when that is impossible (``new`` is an input, an initializer, an outer value or
     already an output): the caller then keeps ``old``.
     """
-    if not can_replace(old, new):
+    if old is new:
         return False
-    if _is_output(_container_of(old), old):
+    c = _container_of(old)
+    if _is_output(c, old):
+        if not _can_take_over(c, old, new):
+            return False
         transfer_value(old, new)
         return True
-    uses = old.uses()
     old.replace_all_uses_with(new, outputs=False)
-    _retarget_aliases(old, new, uses)
     return True
 
 
@@ -213,6 +208,11 @@ class RenamePass(Pass):
     def __init__(self, values: Mapping[str, str] | None = None, io: Mapping[str, str] | None = None):
         self.values = dict(values or {})
         self.io = dict(io or {})
+        for label, mapping in (("values", self.values), ("io", self.io)):
+            for old, new in mapping.items():
+                if not (isinstance(old, str) and isinstance(new, str) and old and new):
+                    raise RenameError(f"`{label}` maps value names to new names, both non-empty "
+                                      f"strings; got {old!r}: {new!r}")
 
     def call(self, model: Model) -> PassResult:
         if not self.values and not self.io:

@@ -36,25 +36,20 @@ from __future__ import annotations
 
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from functools import cache, partial
 from typing import Any
 
 import numpy as np
 
 from onnxforge.errors import OnnxforgeError
-from onnxforge.graphbuilder.ir import (
-    Attr,
-    AttrType,
-    Function,
-    Graph,
-    Model,
-    Node,
-    Value,
-)
-from onnxforge.graphbuilder.tensors import Tensor, onnx_dtype
+from onnxforge.graphbuilder.ir import Function, Graph, Model, Node, Value
+from onnxforge.graphbuilder.tensors import onnx_dtype
+from onnxforge.passes.domains import canonical_domain
 from onnxforge.passes.fold import constant_value
 from onnxforge.passes.invariants import EffectAnalysis, containers
-from onnxforge.passes.manager import Pass, PassResult, register_pass
+from onnxforge.passes.manager import Pass, PassResult, check_int_option, register_pass
+from onnxforge.passes.records import make_attrs
 from onnxforge.passes.rename import NameScope, can_replace, erase_node, replace_value
 from onnxforge.proto_ext.types import TensorType
 
@@ -75,7 +70,8 @@ Container = Graph | Function
 
 
 class RewriteError(OnnxforgeError, RuntimeError):
-    """Rewriting did not reach a fixed point (rules undo each other or grow without end)."""
+    """A rule is malformed, or rewriting did not reach a fixed point (rules undo each
+    other or grow without end)."""
 
 
 # ----------------------------------------------------------------------------- patterns
@@ -97,7 +93,7 @@ class Const:
     where: Callable[[np.ndarray], bool] | None = None
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, eq=False, init=False)
 class Pattern:
     """Matches a node: ``op`` in ``domain``, inputs matching ``inputs`` one by one.
 
@@ -108,11 +104,11 @@ class Pattern:
     """
 
     op: str
-    inputs: tuple[Any, ...] = ()
-    domain: str = ""
-    attrs: Mapping[str, Any] = field(default_factory=dict)
-    name: str | None = None
-    output: int = 0
+    inputs: tuple[Any, ...]
+    domain: str
+    attrs: Mapping[str, Any]
+    name: str | None
+    output: int
 
     def __init__(self, op: str, *inputs: Any, domain: str = "", attrs: Mapping[str, Any] | None = None,
                  name: str | None = None, output: int = 0):
@@ -146,34 +142,11 @@ class _Ops:
         return make
 
 
-def _attr(name: str, value: Any) -> Attr:
-    if isinstance(value, Attr):
-        return Attr(name, value.type, value.value, value.doc_string, value.ref_attr_name, value.extra)
-    if isinstance(value, (bool, int, np.integer)):
-        return Attr(name, AttrType.INT, int(value))
-    if isinstance(value, (float, np.floating)):
-        return Attr(name, AttrType.FLOAT, float(value))
-    if isinstance(value, str):
-        return Attr(name, AttrType.STRING, value.encode())
-    if isinstance(value, bytes):
-        return Attr(name, AttrType.STRING, value)
-    if isinstance(value, np.ndarray):
-        return Attr(name, AttrType.TENSOR, Tensor.from_numpy(value))
-    if isinstance(value, Tensor):
-        return Attr(name, AttrType.TENSOR, value)
-    if isinstance(value, (list, tuple)):
-        if all(isinstance(v, (bool, int, np.integer)) for v in value):
-            return Attr(name, AttrType.INTS, [int(v) for v in value])
-        if all(isinstance(v, (int, float, np.integer, np.floating)) for v in value):
-            return Attr(name, AttrType.FLOATS, [float(v) for v in value])
-    raise RewriteError(f"replacement attribute {name!r}: unsupported value {type(value).__name__}")
-
-
 class Match:
     """A successful match: ``m["x"]`` captured values, ``m.const("c")`` constants,
     ``m.node("t")`` named nodes, ``m.root``; ``m.op.X(...)`` builds replacement nodes."""
 
-    __slots__ = ("_scope", "consts", "matched", "new_nodes", "nodes", "op", "root", "values")
+    __slots__ = ("_scope", "consts", "matched", "new_nodes", "nodes", "root", "values")
 
     def __init__(self, root: Node, scope: Callable[[], NameScope]):
         self.root = root
@@ -183,7 +156,12 @@ class Match:
         self.matched: list[Node] = []
         self.new_nodes: list[Node] = []
         self._scope = scope
-        self.op = _Ops(self)
+
+    @property
+    def op(self) -> _Ops:
+        # Made on access: a Match holding its own _Ops would be a reference cycle, and one
+        # Match per attempted rewrite would leave the cyclic collector that much garbage.
+        return _Ops(self)
 
     def __getitem__(self, name: str) -> Value:
         return self.values[name]
@@ -200,12 +178,13 @@ class Match:
         base = self.root.name or op_type
         outs = [Value(scope.fresh(f"{base}_{op_type}")) for _ in range(outputs)]
         node = Node(domain, op_type, list(inputs), outs, name=scope.fresh(f"{base}_{op_type}"),
-                    attributes=[_attr(k, v) for k, v in attrs.items() if v is not None])
+                    attributes=make_attrs(attrs, RewriteError, f"replacement {op_type} node"))
         self.new_nodes.append(node)
         return outs[0] if outputs == 1 else tuple(outs)
 
     def constant(self, array: Any) -> Value:
-        """A new ``Constant`` node holding ``array`` (constant folding lifts it later)."""
+        """A new ``Constant`` node holding ``array``; rules see its output as a constant
+        (``constant_folding``, when it runs afterwards, lifts it to an initializer)."""
         return self.make_node("", "Constant", [], 1, {"value": np.asarray(array)})
 
     def discard(self) -> None:
@@ -239,8 +218,7 @@ class RuleTable:
         for r in self.rules:
             if not isinstance(r, Rule):
                 raise RewriteError(f"a RuleTable holds Rule objects, got {type(r).__name__}")
-            dom = "" if r.pattern.domain == "ai.onnx" else r.pattern.domain
-            self.index.setdefault((dom, r.pattern.op), []).append(r)
+            self.index.setdefault((canonical_domain(r.pattern.domain), r.pattern.op), []).append(r)
 
     def __add__(self, other: RuleTable | Iterable[Rule]) -> RuleTable:
         more = other.rules if isinstance(other, RuleTable) else tuple(other)
@@ -253,15 +231,10 @@ class RuleTable:
         return len(self.rules)
 
     def rules_for(self, node: Node) -> list[Rule]:
-        dom = "" if node.domain == "ai.onnx" else node.domain
-        return self.index.get((dom, node.op_type), [])
+        return self.index.get((canonical_domain(node.domain), node.op_type), [])
 
 
 # ----------------------------------------------------------------------------- matching
-
-
-def _domain_eq(a: str, b: str) -> bool:
-    return (a or "ai.onnx") == (b or "ai.onnx")
 
 
 class _Matcher:
@@ -273,7 +246,8 @@ class _Matcher:
         self._consts: dict[tuple[int, int], tuple[Value, np.ndarray | None]] = {}
 
     def node(self, p: Pattern, n: Node, m: Match, c: Container) -> bool:
-        if n.op_type != p.op or not _domain_eq(n.domain, p.domain):
+        if n.op_type != p.op or (n.domain != p.domain
+                                 and canonical_domain(n.domain) != canonical_domain(p.domain)):
             return False
         ins = n.inputs
         if len(ins) != len(p.inputs):
@@ -343,14 +317,9 @@ class _Driver:
         self.table = table
         self.effects = EffectAnalysis(model)
         self.matcher = _Matcher(self.effects)
-        self._scope: NameScope | None = None
+        self.names = cache(partial(NameScope.from_model, model))  # built when a rule first needs it
         self.count = 0
         self.fired: Counter[str] = Counter()
-
-    def scope(self) -> NameScope:
-        if self._scope is None:
-            self._scope = NameScope.from_model(self.model)
-        return self._scope
 
     def run(self, c: Container, limit: int) -> None:
         table = self.table
@@ -359,9 +328,12 @@ class _Driver:
         while queue:
             n = queue.popleft()
             queued.discard(id(n))
-            if n.graph is not c:
+            if n.graph is not c or self.effects.has_side_effects(n):
                 continue
+            arity = len(n.inputs)
             for rule in table.rules_for(n):
+                if len(rule.pattern.inputs) != arity:
+                    continue
                 touched = self.apply(c, n, rule)
                 if touched is None:
                     continue
@@ -378,9 +350,9 @@ class _Driver:
                 break
 
     def apply(self, c: Container, root: Node, rule: Rule) -> list[Node] | None:
-        if len(root.inputs) != len(rule.pattern.inputs) or self.effects.has_side_effects(root):
-            return None
-        m = Match(root, self.scope)
+        """Rewrite ``root`` (a node of ``c`` without side effects) with ``rule`` if it matches;
+        returns the nodes to look at again, or None when the rule does not apply."""
+        m = Match(root, self.names)
         if not self.matcher.node(rule.pattern, root, m, c):
             return None
         got = rule.replace(m)
@@ -423,13 +395,25 @@ class _Driver:
         return touched
 
 
-def apply_rules(model: Model, table: RuleTable | None = None, *, max_rewrites: int | None = None) -> int:
+def _as_table(table: RuleTable | Iterable[Rule] | None) -> RuleTable:
+    if table is None:
+        return DEFAULT_RULES
+    if isinstance(table, RuleTable):
+        return table
+    if isinstance(table, Iterable) and not isinstance(table, (str, bytes)):
+        return RuleTable(table)
+    raise RewriteError(f"rules come as a RuleTable or an iterable of Rule objects, "
+                       f"not {type(table).__name__}")
+
+
+def apply_rules(model: Model, table: RuleTable | Iterable[Rule] | None = None, *,
+                max_rewrites: int | None = None) -> int:
     """Apply ``table`` (default :data:`DEFAULT_RULES`) everywhere until no rule applies.
 
     Returns the number of rewrites; raises :class:`RewriteError` past ``max_rewrites``
     (default: 10 per node of the model plus 1000).
     """
-    table = DEFAULT_RULES if table is None else table
+    table = _as_table(table)
     if not len(table):
         return 0
     drv = _Driver(model, table)
@@ -638,8 +622,11 @@ class RewritePass(Pass):
     name = "rewrite"
     runs_after = ("inline", "constant_folding")
 
-    def __init__(self, table: RuleTable | None = None, *, max_rewrites: int | None = None):
-        self.table = DEFAULT_RULES if table is None else table
+    def __init__(self, table: RuleTable | Iterable[Rule] | None = None, *,
+                 max_rewrites: int | None = None):
+        if max_rewrites is not None:
+            check_int_option(self.name, "max_rewrites", max_rewrites, 0)
+        self.table = _as_table(table)
         self.max_rewrites = max_rewrites
 
     def call(self, model: Model) -> PassResult:

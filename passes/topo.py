@@ -141,7 +141,7 @@ def _is_sorted(c: Container) -> bool:
                 p = v.producer()
                 if p is not None and p.graph is c and id(p) not in seen:
                     return False
-        if n.attributes and n.subgraphs():
+        if n.attributes:
             for v in _outer_reads(n):
                 p = v.producer()
                 if p is not None and p.graph is c and id(p) not in seen:

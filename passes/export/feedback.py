@@ -32,6 +32,8 @@ from typing import Any
 import onnx
 
 from onnxforge.errors import ExportError
+from onnxforge.passes.export.opset import proto_graphs
+from onnxforge.passes.export.standard import FEEDBACK_KEY, to_standard_onnx
 
 __all__ = ["EXTERNAL_THRESHOLD", "export_to_dir", "read_feedback", "update_genai_config"]
 
@@ -44,8 +46,6 @@ FEEDBACK_FILE = "feedback.json"
 
 def read_feedback(proto: onnx.ModelProto) -> dict[str, str]:
     """The ``{input: output}`` feedback mapping recorded in an exported model (empty if none)."""
-    from onnxforge.passes.export.standard import FEEDBACK_KEY
-
     for p in proto.metadata_props:
         if p.key == FEEDBACK_KEY:
             try:
@@ -65,8 +65,6 @@ def _source_dir(model: Any) -> str | None:
 
 
 def _shares_buffers(proto: onnx.ModelProto) -> bool:
-    from onnxforge.passes.export.opset import proto_graphs
-
     for g, _ in proto_graphs(proto.graph):
         for n in g.node:
             if n.domain == "com.microsoft" and n.op_type in ("GroupQueryAttention", "PagedAttention"):
@@ -126,12 +124,10 @@ def export_to_dir(model: Any, out_dir: str | os.PathLike[str], *, target_opset: 
     to it, so onnxruntime-genai can load the folder). Returns ``{kind: path}`` of
     the files written.
     """
-    from onnxforge.passes.export.standard import to_standard_onnx
-
     out_dir = os.fspath(out_dir)
-    os.makedirs(out_dir, exist_ok=True)
     src = _source_dir(model)
     proto = to_standard_onnx(model, target_opset=target_opset, keep_domains=keep_domains)
+    os.makedirs(out_dir, exist_ok=True)  # after the export: a refused model leaves no folder
     written: dict[str, str] = {}
     model_path = os.path.join(out_dir, filename)
     big = _weights_bytes(proto) >= EXTERNAL_THRESHOLD if external_data is None else external_data

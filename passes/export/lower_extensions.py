@@ -44,36 +44,35 @@ import numpy as np
 from onnx import TensorProto
 
 from onnxforge.errors import OnnxforgeError, VerificationError
-from onnxforge.graphbuilder.ir import (
-    READ_ONLY,
-    Attr,
-    AttrType,
-    Function,
-    Graph,
-    Model,
-    Node,
-    Value,
-)
+from onnxforge.graphbuilder.ir import READ_ONLY, Graph, Model, Node, Value
 from onnxforge.graphbuilder.names import NameScope
+from onnxforge.graphbuilder.opschemas import ONNXFORGE_DOMAIN
 from onnxforge.graphbuilder.tensors import EncodedTensor, Tensor, np_dtype, onnx_dtype
+from onnxforge.passes.domains import is_default_domain
+from onnxforge.passes.invariants import containers
+from onnxforge.passes.records import make_attrs
 from onnxforge.proto_ext.catalogue import Catalogue
 from onnxforge.proto_ext.types import EncodedValue, StructType, TensorType, Type
 
 __all__ = [
     "DECODER_DOMAIN",
+    "EXTENSION_NODE_LOWERINGS",
     "NEW_NODE",
     "Emitter",
     "LowerContext",
+    "LoweringError",
     "NodeLowering",
-    "EXTENSION_NODE_LOWERINGS",
-    "encoded_initializer_issue",
-    "encoded_initializer_opset",
-    "lower_encoded_initializer",
-    "lower_bindings",
-    "strip_aliases",
     "affine_opset",
     "decoder_output_type",
-    "LoweringError",
+    "elem_type",
+    "encoded_initializer_issue",
+    "encoded_initializer_opset",
+    "lower_bindings",
+    "lower_encoded_initializer",
+    "strip_aliases",
+    "struct_typed",
+    "tensor_rank",
+    "tensor_shape",
 ]
 
 DECODER_DOMAIN = "onnxforge.export.decoder"
@@ -81,8 +80,6 @@ DECODER_DOMAIN = "onnxforge.export.decoder"
 
 NEW_NODE = "onnxforge.export.new"
 """``Node.meta`` key marking nodes a lowering emitted at the target opset."""
-
-ONNXFORGE_DOMAIN = "ai.onnxforge"
 
 _SUBBYTE_STORAGE = {TensorProto.INT4: 4, TensorProto.UINT4: 4, TensorProto.INT2: 2,
                     TensorProto.UINT2: 2}
@@ -93,25 +90,6 @@ class LoweringError(OnnxforgeError, ValueError):
 
 
 # --------------------------------------------------------------------------- toolkit
-
-
-def _attr(name: str, value: Any) -> Attr:
-    """Attribute from a Python value (int, float, str/bytes, list of ints/floats)."""
-    if isinstance(value, Attr):
-        return value
-    if isinstance(value, (bool, int, np.integer)):
-        return Attr(name, AttrType.INT, int(value))
-    if isinstance(value, (float, np.floating)):
-        return Attr(name, AttrType.FLOAT, float(value))
-    if isinstance(value, str):
-        return Attr(name, AttrType.STRING, value.encode())
-    if isinstance(value, bytes):
-        return Attr(name, AttrType.STRING, value)
-    if isinstance(value, (list, tuple)):
-        if all(isinstance(v, (bool, int, np.integer)) for v in value):
-            return Attr(name, AttrType.INTS, [int(v) for v in value])
-        return Attr(name, AttrType.FLOATS, [float(v) for v in value])
-    raise LoweringError(f"attribute {name!r}: unsupported value {value!r}")
 
 
 class Emitter:
@@ -129,9 +107,6 @@ class Emitter:
         """A name not used in the model (``hint`` itself when free)."""
         return self._names.fresh(hint)
 
-    def claim(self, name: str) -> None:
-        self._names.claim(name)
-
     def node(self, graph: Graph, before: Node | None, op_type: str, inputs: Sequence[Value | None],
              n_outputs: int = 1, *, domain: str = "", name: str = "", new: bool = True,
              **attrs: Any) -> tuple[Value, ...]:
@@ -140,7 +115,7 @@ class Emitter:
         outs = [self.fresh(f"{base}_out{i}" if n_outputs > 1 else f"{base}_out")
                 for i in range(n_outputs)]
         node = Node(domain, op_type, list(inputs), outs, name=self.fresh(base),
-                    attributes=[_attr(k, v) for k, v in attrs.items() if v is not None])
+                    attributes=make_attrs(attrs, LoweringError, f"emitted {op_type} node {base!r}"))
         if new:
             node.meta[NEW_NODE] = True
         if before is None:
@@ -167,7 +142,7 @@ class Emitter:
         return v
 
     @staticmethod
-    def replace(old: Value, new: Value, *, keep_name: bool = True) -> None:
+    def replace(old: Value, new: Value) -> None:
         """Point every use of ``old`` (nodes, graph outputs, bindings) at ``new``; a new
         node's output ``new`` also takes ``old``'s type (when it has none), metadata
         and, once ``old`` is gone (:meth:`finish_renames`), its name."""
@@ -178,8 +153,7 @@ class Emitter:
         if new.type is None:
             new.type = old.type
         new.metadata.update(old.metadata)
-        if keep_name:
-            new.meta["export_rename_to"] = old.name
+        new.meta["export_rename_to"] = old.name
 
     @staticmethod
     def finish_renames(model: Model) -> None:
@@ -199,13 +173,6 @@ class Emitter:
                 by_name[target] = v
 
 
-def graph_anchor(graph: Graph) -> Node | None:
-    """The first node of ``graph`` (where initializer lowerings insert their nodes)."""
-    for n in graph:
-        return n
-    return None
-
-
 @dataclass
 class LowerContext:
     """State shared by the lowerings of one export."""
@@ -219,10 +186,11 @@ class LowerContext:
     anchors: dict[int, Node | None] = field(default_factory=dict)
 
     def anchor(self, graph: Graph) -> Node | None:
-        """The node before which nodes that only read initializers are inserted."""
+        """The node before which nodes that only read initializers are inserted: the
+        graph's first node before any lowering ran (None for an empty graph: append)."""
         key = id(graph)
         if key not in self.anchors:
-            self.anchors[key] = graph_anchor(graph)
+            self.anchors[key] = next(iter(graph), None)
         return self.anchors[key]
 
     def remove_node(self, node: Node) -> None:
@@ -317,7 +285,7 @@ def _function_opset(proto: bytes) -> int:
     fn = onnx.FunctionProto()
     fn.ParseFromString(proto)
     for op in fn.opset_import:
-        if op.domain in ("", "ai.onnx"):
+        if is_default_domain(op.domain):
             return int(op.version)
     return 1
 
@@ -613,17 +581,10 @@ def lower_bindings(model: Model) -> dict[str, str]:
     return feedback
 
 
-def _strip_values(values: Any) -> None:
-    for v in values:
-        v.alias_of = None
-        v.access = READ_ONLY
-
-
 def strip_aliases(model: Model) -> int:
     """Remove every ``output_alias``, ``alias_of`` and ``READ_WRITE`` access; returns how many."""
     count = 0
-    containers: list[Graph | Function] = list(model.all_graphs()) + list(model.functions.values())
-    for c in containers:
+    for c in containers(model):
         values = list(c.inputs) + list(c.outputs)
         for n in c:
             if n.output_alias:
@@ -633,7 +594,8 @@ def strip_aliases(model: Model) -> int:
         for v in values:
             if v.alias_of is not None or v.access != READ_ONLY:
                 count += 1
-        _strip_values(values)
+                v.alias_of = None
+                v.access = READ_ONLY
     return count
 
 

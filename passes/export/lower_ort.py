@@ -267,9 +267,11 @@ def _check_ms_rotary(node: Node, ctx: LowerContext) -> str | None:
     return None
 
 
-def _positions_from_offset(g: Graph, node: Node, ctx: LowerContext, offset: Value, x: Value,
-                           seq_axis: int, name: str) -> Value:
-    """``offset + arange(seq)`` broadcast to ``[batch, seq]`` (int64)."""
+def _positions(g: Graph, node: Node, ctx: LowerContext, x: Value, seq_axis: int, name: str, *,
+               offset: Value | None = None, total: Value | None = None) -> Value:
+    """``start + arange(seq)`` broadcast to ``[batch, seq]`` (int64), ``seq`` being
+    ``x``'s length along ``seq_axis``: ``start = offset``, or ``start = total - seq`` (the
+    new tokens are the last ``seq`` of ``total``)."""
     em = ctx.emitter
     (xs,) = em.node(g, node, "Shape", [x], name=f"{name}/shape")
     (b,) = em.node(g, node, "Gather", [xs, em.const(g, np.array([0], np.int64), "idx0")],
@@ -278,11 +280,16 @@ def _positions_from_offset(g: Graph, node: Node, ctx: LowerContext, offset: Valu
                     name=f"{name}/seq", axis=0)
     scalar = em.const(g, np.zeros((0,), np.int64), "scalar_shape")
     (s,) = em.node(g, node, "Reshape", [s1, scalar], name=f"{name}/seq_scalar")
-    (off,) = em.node(g, node, "Reshape", [offset, scalar], name=f"{name}/offset")
-    if elem_type(offset) not in (None, TensorProto.INT64):
-        (off,) = em.node(g, node, "Cast", [off], name=f"{name}/offset_i64", to=TensorProto.INT64)
-    (end,) = em.node(g, node, "Add", [off, s], name=f"{name}/end")
-    (r,) = em.node(g, node, "Range", [off, end, em.const(g, np.array(1, np.int64), "one")],
+    if offset is not None:
+        (start,) = em.node(g, node, "Reshape", [offset, scalar], name=f"{name}/offset")
+        if elem_type(offset) not in (None, TensorProto.INT64):
+            (start,) = em.node(g, node, "Cast", [start], name=f"{name}/offset_i64", to=TensorProto.INT64)
+        (end,) = em.node(g, node, "Add", [start, s], name=f"{name}/end")
+    else:
+        (end,) = em.node(g, node, "Reshape", [total, scalar], name=f"{name}/total")
+        (end,) = em.node(g, node, "Cast", [end], name=f"{name}/total_i64", to=TensorProto.INT64)
+        (start,) = em.node(g, node, "Sub", [end, s], name=f"{name}/past_length")
+    (r,) = em.node(g, node, "Range", [start, end, em.const(g, np.array(1, np.int64), "one")],
                    name=f"{name}/range")
     (r2,) = em.node(g, node, "Unsqueeze", [r, em.const(g, np.array([0], np.int64), "idx0")],
                     name=f"{name}/unsqueeze")
@@ -298,7 +305,7 @@ def _lower_ms_rotary(node: Node, ctx: LowerContext) -> None:
     name = node.name or "RotaryEmbedding"
     rank = tensor_rank(x)
     if tensor_rank(pos) == 1:
-        pos = _positions_from_offset(g, node, ctx, pos, x, 1 if rank == 3 else 2, name)
+        pos = _positions(g, node, ctx, x, 1 if rank == 3 else 2, name, offset=pos)
     elif elem_type(pos) not in (None, TensorProto.INT64):
         (pos,) = em.node(g, node, "Cast", [pos], name=f"{name}/pos_i64", to=TensorProto.INT64)
     attrs: dict[str, Any] = {"interleaved": int(node.attr("interleaved", 0))}
@@ -369,37 +376,18 @@ def _lower_gqa(node: Node, ctx: LowerContext) -> None:
     hkv = int(node.attr("kv_num_heads"))
     name = node.name or "GroupQueryAttention"
 
-    def c(arr: Any, hint: str) -> Value:
-        return em.const(g, np.asarray(arr), hint)
-
     if k is None:
         # packed QKV: head_size = hidden / (hq + 2 hkv); split [hq, hkv, hkv] * head_size
+        heads_total = em.const(g, np.array([hq + 2 * hkv], np.int64), "heads_total")
+        qkv_heads = em.const(g, np.array([hq, hkv, hkv], np.int64), "qkv_heads")
         (qs,) = em.node(g, node, "Shape", [q], name=f"{name}/qkv_shape", start=-1)
-        (hd,) = em.node(g, node, "Div", [qs, c(np.array([hq + 2 * hkv], np.int64), "heads_total")],
-                        name=f"{name}/head_size")
-        (sizes,) = em.node(g, node, "Mul", [hd, c(np.array([hq, hkv, hkv], np.int64), "qkv_heads")],
-                           name=f"{name}/split_sizes")
+        (hd,) = em.node(g, node, "Div", [qs, heads_total], name=f"{name}/head_size")
+        (sizes,) = em.node(g, node, "Mul", [hd, qkv_heads], name=f"{name}/split_sizes")
         q, k, v = em.node(g, node, "Split", [q, sizes], 3, name=f"{name}/split_qkv", axis=-1)
 
     if int(node.attr("do_rotary", 0)):
-        if pos_ids is None:
-            # positions = total_sequence_length - S + arange(S), broadcast to [B, S]
-            (qsh,) = em.node(g, node, "Shape", [q], name=f"{name}/q_shape")
-            (b,) = em.node(g, node, "Gather", [qsh, c(np.array([0], np.int64), "idx0")],
-                           name=f"{name}/batch", axis=0)
-            (s1,) = em.node(g, node, "Gather", [qsh, c(np.array([1], np.int64), "idx1")],
-                            name=f"{name}/seq", axis=0)
-            scalar = c(np.zeros((0,), np.int64), "scalar_shape")
-            (s,) = em.node(g, node, "Reshape", [s1, scalar], name=f"{name}/seq_scalar")
-            (t,) = em.node(g, node, "Reshape", [total, scalar], name=f"{name}/total")
-            (t,) = em.node(g, node, "Cast", [t], name=f"{name}/total_i64", to=TensorProto.INT64)
-            (start,) = em.node(g, node, "Sub", [t, s], name=f"{name}/past_length")
-            (r,) = em.node(g, node, "Range", [start, t, c(np.array(1, np.int64), "one")],
-                           name=f"{name}/positions")
-            (r2,) = em.node(g, node, "Unsqueeze", [r, c(np.array([0], np.int64), "idx0")],
-                            name=f"{name}/positions_2d")
-            (bs,) = em.node(g, node, "Concat", [b, s1], name=f"{name}/batch_seq", axis=0)
-            (pos,) = em.node(g, node, "Expand", [r2, bs], name=f"{name}/position_ids")
+        if pos_ids is None:  # the new tokens are the last S of total_sequence_length
+            pos = _positions(g, node, ctx, q, 1, name, total=total)
         else:
             pos = pos_ids
             if elem_type(pos) not in (None, TensorProto.INT64):

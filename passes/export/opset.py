@@ -26,13 +26,13 @@ import onnx.version_converter
 
 from onnxforge.errors import ExportError
 from onnxforge.graphbuilder.ir import Model
+from onnxforge.passes.domains import imported_version, is_default_domain
 from onnxforge.passes.export.lower_extensions import NEW_NODE
 
 __all__ = [
     "PENDING_DOMAIN",
-    "default_opset",
-    "mark_pending",
     "convert_opset",
+    "mark_pending",
     "min_ir_version",
     "proto_graphs",
 ]
@@ -41,21 +41,12 @@ PENDING_DOMAIN = "onnxforge.export.pending"
 """Private domain of emitted nodes while ``onnx.version_converter`` runs."""
 
 
-def default_opset(opsets: dict[str, int]) -> int | None:
-    """The default-domain opset of an opset-import mapping (None when absent)."""
-    if "" in opsets:
-        return int(opsets[""])
-    if "ai.onnx" in opsets:
-        return int(opsets["ai.onnx"])
-    return None
-
-
 def mark_pending(model: Model) -> int:
     """Move every emitted default-domain node of ``model`` to :data:`PENDING_DOMAIN`."""
     count = 0
     for g in model.all_graphs():
         for n in g:
-            if n.meta.get(NEW_NODE) and n.domain in ("", "ai.onnx"):
+            if n.meta.get(NEW_NODE) and is_default_domain(n.domain):
                 n.domain = PENDING_DOMAIN
                 count += 1
     if count:
@@ -86,7 +77,7 @@ def min_ir_version(proto: onnx.ModelProto) -> int:
 
 def _set_opset(proto: onnx.ModelProto, domain: str, version: int | None) -> None:
     keep = [op for op in proto.opset_import
-            if op.domain != domain and not (domain == "" and op.domain == "ai.onnx")]
+            if op.domain != domain and not (domain == "" and is_default_domain(op.domain))]
     del proto.opset_import[:]
     if version is not None:
         proto.opset_import.append(onnx.helper.make_opsetid(domain, version))
@@ -96,8 +87,7 @@ def _set_opset(proto: onnx.ModelProto, domain: str, version: int | None) -> None
 def convert_opset(proto: onnx.ModelProto, target: int) -> onnx.ModelProto:
     """Convert the model's default-domain nodes to opset ``target`` and restore the nodes
     parked in :data:`PENDING_DOMAIN` (already written for ``target``)."""
-    opsets = {op.domain: op.version for op in proto.opset_import}
-    current = default_opset(opsets)
+    current = imported_version({op.domain: op.version for op in proto.opset_import}, "")
     if current is None:
         _set_opset(proto, "", target)
     elif current != target:

@@ -52,7 +52,8 @@ import onnx.version_converter
 
 from onnxforge.errors import ExportError, OnnxforgeError
 from onnxforge.graphbuilder.ir import READ_ONLY, Graph, Model, Node, Value
-from onnxforge.proto_ext.catalogue import Catalogue
+from onnxforge.graphbuilder.opschemas import get_schema
+from onnxforge.passes.domains import canonical_domain, imported_version, is_default_domain
 from onnxforge.passes.export.lower_extensions import (
     DECODER_DOMAIN,
     EXTENSION_NODE_LOWERINGS,
@@ -67,12 +68,8 @@ from onnxforge.passes.export.lower_extensions import (
     struct_typed,
 )
 from onnxforge.passes.export.lower_ort import ORT_NODE_LOWERINGS
-from onnxforge.passes.export.opset import (
-    convert_opset,
-    default_opset,
-    mark_pending,
-    proto_graphs,
-)
+from onnxforge.passes.export.opset import convert_opset, mark_pending, proto_graphs
+from onnxforge.proto_ext.catalogue import Catalogue
 
 __all__ = [
     "FEEDBACK_KEY",
@@ -122,31 +119,30 @@ class Construct:
         return self.apply is not None
 
 
-def _domain(d: str) -> str:
-    return "" if d == "ai.onnx" else d
-
-
-def _schema(op_type: str, version: int, domain: str) -> Any:
-    try:
-        return onnx.defs.get_schema(op_type, version, _domain(domain))
-    except onnx.defs.SchemaError:
-        return None
-
-
 def _node_path(graph_path: str, index: int, node: Node) -> str:
     return f"{graph_path}.node[{index}]({node.name!r})"
 
 
 def _is_standard_node(node: Node, opsets: dict[str, int]) -> bool:
-    dom = _domain(node.domain)
+    dom = canonical_domain(node.domain)
     if dom not in STANDARD_DOMAINS:
         return False
-    version = opsets.get(dom, opsets.get("ai.onnx") if dom == "" else None)
-    return version is not None and _schema(node.op_type, int(version), dom) is not None
+    version = imported_version(opsets, dom)
+    return version is not None and get_schema(node.op_type, version, dom) is not None
+
+
+def _keep_set(keep_domains: Iterable[str]) -> frozenset[str]:
+    """The domains to keep, canonical; one domain may be given as a plain string."""
+    if isinstance(keep_domains, str):
+        keep_domains = (keep_domains,)
+    domains = tuple(keep_domains) if isinstance(keep_domains, Iterable) else None
+    if domains is None or not all(isinstance(d, str) for d in domains):
+        raise ExportError([("keep_domains", f"must be domain names (strings), got {keep_domains!r}")])
+    return frozenset(canonical_domain(d) for d in domains)
 
 
 def _node_construct(node: Node, path: str, model: Model, keep: frozenset[str]) -> Construct | None:
-    dom = _domain(node.domain)
+    dom = canonical_domain(node.domain)
     if dom in keep:
         return None
     if (node.domain, node.op_type, node.overload) in model.functions:
@@ -158,8 +154,9 @@ def _node_construct(node: Node, path: str, model: Model, keep: frozenset[str]) -
     label = f"{dom + '::' if dom else ''}{node.op_type}"
     if rule is None:
         if dom in STANDARD_DOMAINS:
-            version = model.opset_imports.get(dom, model.opset_imports.get("ai.onnx"))
-            why = f"operator {label} has no schema at opset {version}"
+            version = imported_version(model.opset_imports, dom)
+            why = (f"operator {label} has no schema at opset {version}" if version is not None
+                   else f"domain of {label} is not imported")
         else:
             why = (f"unknown custom operator {label}: not standard ONNX and no lowering "
                    f"(keep_domains=[{dom!r}] keeps it for a runtime that has it)")
@@ -236,7 +233,7 @@ def _alias_constructs(g: Graph, gp: str) -> list[Construct]:
 
 def collect_constructs(model: Model, keep_domains: Iterable[str] = ()) -> list[Construct]:
     """Every non-standard construct of ``model``, with its path, in model order."""
-    keep = frozenset(_domain(d) for d in keep_domains)
+    keep = _keep_set(keep_domains)
     catalogue = Catalogue(model.struct_types)
     out: list[Construct] = []
     if model.struct_types:
@@ -319,15 +316,15 @@ def _inline_payloads(model: Model) -> None:
 
 
 def non_standard_nodes(proto: onnx.ModelProto, keep_domains: Iterable[str] = ()) -> list[tuple[str, str]]:
-    """``(path, reason)`` of every node of ``proto`` (subgraphs and functions included)
-    that is not in a standard domain with a schema at the model's opset, except the
-    domains in ``keep_domains``."""
-    keep = frozenset(_domain(d) for d in keep_domains)
-    opsets = {_domain(op.domain): int(op.version) for op in proto.opset_import}
+    """``(path, reason)`` of every node of ``proto``'s graph and subgraphs that is not in
+    a standard domain with a schema at the model's opset (except the domains in
+    ``keep_domains``), and of every local function left in ``proto``."""
+    keep = _keep_set(keep_domains)
+    opsets = {canonical_domain(op.domain): int(op.version) for op in proto.opset_import}
     out: list[tuple[str, str]] = []
     for g, gp in proto_graphs(proto.graph):
         for i, n in enumerate(g.node):
-            dom = _domain(n.domain)
+            dom = canonical_domain(n.domain)
             if dom in keep:
                 continue
             label = f"{dom + '::' if dom else ''}{n.op_type}"
@@ -336,7 +333,7 @@ def non_standard_nodes(proto: onnx.ModelProto, keep_domains: Iterable[str] = ())
                 out.append((path, f"operator {label} is not in a standard domain"))
             elif dom not in opsets:
                 out.append((path, f"domain of {label} is not imported"))
-            elif _schema(n.op_type, opsets[dom], dom) is None:
+            elif get_schema(n.op_type, opsets[dom], dom) is None:
                 out.append((path, f"operator {label} has no schema at opset {opsets[dom]}"))
     for f in proto.functions:
         out.append((f"functions[{f.domain + '::' + f.name!r}]", "a local function remains"))
@@ -382,11 +379,11 @@ def _leftover_extensions(model: Model) -> list[tuple[str, str]]:
 
 
 def _drop_unused_imports(model: Model, keep: frozenset[str]) -> None:
-    used = {_domain(n.domain) for g in model.all_graphs() for n in g}
+    used = {canonical_domain(n.domain) for g in model.all_graphs() for n in g}
     for fn in model.functions.values():
-        used.update(_domain(n.domain) for n in fn)
+        used.update(canonical_domain(n.domain) for n in fn)
     for dom in list(model.opset_imports):
-        d = _domain(dom)
+        d = canonical_domain(dom)
         if d in STANDARD_DOMAINS or d in keep or d in used:
             continue
         del model.opset_imports[dom]
@@ -415,7 +412,7 @@ def _input_types(proto: onnx.ModelProto, op: str) -> dict[str, Any] | None:
 
 def _convert_function(fn: onnx.FunctionProto, inputs: list[Any] | None, target: int) -> None:
     """Rewrite a decoder body written for another default-domain opset at ``target``."""
-    own = next((int(o.version) for o in fn.opset_import if o.domain in ("", "ai.onnx")), None)
+    own = next((int(o.version) for o in fn.opset_import if is_default_domain(o.domain)), None)
     if own is None or own == target:
         return
     if inputs is None:
@@ -434,7 +431,7 @@ def _convert_function(fn: onnx.FunctionProto, inputs: list[Any] | None, target: 
     converted = onnx.version_converter.convert_version(wrapper, target)
     del fn.node[:]
     fn.node.extend(converted.graph.node)
-    ops = [o for o in fn.opset_import if o.domain not in ("", "ai.onnx")]
+    ops = [o for o in fn.opset_import if not is_default_domain(o.domain)]
     del fn.opset_import[:]
     fn.opset_import.append(onnx.helper.make_opsetid("", target))
     fn.opset_import.extend(ops)
@@ -545,23 +542,23 @@ def to_standard_onnx(model: Any, *, target_opset: int | None = None,
     from onnxforge.graphbuilder import serde
     from onnxforge.passes.dce import eliminate_dead_code
 
+    newest = onnx.defs.onnx_opset_version()
     if target_opset is not None and (isinstance(target_opset, bool) or not isinstance(target_opset, int)
-                                     or target_opset < 1):
-        raise ExportError([("target_opset", f"must be a positive int, got {target_opset!r}")])
-    if isinstance(keep_domains, str):
-        keep_domains = (keep_domains,)
-    keep = frozenset(_domain(d) for d in keep_domains)
+                                     or not 1 <= target_opset <= newest):
+        raise ExportError([("target_opset", f"must be an int from 1 to {newest} (the newest opset the "
+                                            f"installed onnx knows), got {target_opset!r}")])
+    keep = _keep_set(keep_domains)
     ir = _load_copy(model)
     if lower and ir.functions:
         ir = _inline_functions(ir)
     constructs = collect_constructs(ir, keep)
-    own = default_opset(ir.opset_imports)
+    own = imported_version(ir.opset_imports, "")
     decoders: dict[str, bytes] = {}
     feedback: dict[str, str] = {}
     if not lower:
         if constructs:
             raise ExportError([(c.path, c.what) for c in constructs])
-        target = target_opset or own or onnx.defs.onnx_opset_version()
+        target = target_opset or own or newest
     else:
         if target_opset is not None:
             target = target_opset
@@ -573,13 +570,13 @@ def to_standard_onnx(model: Any, *, target_opset: int | None = None,
             errors.extend(c.issues(ctx) if c.lowerable else [(c.path, c.what)])
         if errors:
             raise ExportError(errors)
-        try:
-            for c in sorted((c for c in constructs if c.lowerable), key=lambda c: c.order):
+        for c in sorted((c for c in constructs if c.lowerable), key=lambda c: c.order):
+            try:
                 c.apply(ctx)
-        except (OnnxforgeError, ValueError) as exc:
-            if isinstance(exc, ExportError):
+            except ExportError:
                 raise
-            raise ExportError([(c.path, f"lowering failed: {exc}")]) from exc
+            except (OnnxforgeError, ValueError) as exc:
+                raise ExportError([(c.path, f"lowering failed: {exc}")]) from exc
         Emitter.finish_renames(ir)
         feedback = lower_bindings(ir)
         strip_aliases(ir)

@@ -1,0 +1,76 @@
+"""IR records that passes build: attributes from Python values, and fresh tensor records
+around an existing payload.
+
+::
+
+    make_attrs({"perm": [1, 0], "to": TensorProto.INT8, "axis": None}, RewriteError, "Transpose")
+    # [Attr("perm", INTS, [1, 0]), Attr("to", INT, 3)]   (None leaves the attribute out)
+    copy_tensor(t)   # a new record sharing t's payload (no bytes copied)
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from onnxforge.errors import OnnxforgeError
+from onnxforge.graphbuilder.ir import Attr, AttrType
+from onnxforge.graphbuilder.tensors import EncodedTensor, Tensor
+
+__all__ = ["copy_tensor", "make_attrs"]
+
+_INTS = (bool, int, np.integer)
+_NUMBERS = (bool, int, float, np.integer, np.floating)
+
+
+def make_attrs(values: Mapping[str, Any], error: type[OnnxforgeError], where: str) -> list[Attr]:
+    """Attributes from ``{name: value}``, each typed by its value: an int, float, str /
+    bytes, numpy array or Tensor, a list of ints or of numbers, or an :class:`Attr` (copied
+    under the name). A None value leaves the attribute out; any other value raises
+    ``error`` naming ``where`` (the node being built)."""
+    out: list[Attr] = []
+    for name, value in values.items():
+        if value is None:
+            continue
+        a = _attr(name, value)
+        if a is None:
+            raise error(f"{where}: attribute {name!r} cannot hold a value of type "
+                        f"{type(value).__name__} ({value!r:.60})")
+        out.append(a)
+    return out
+
+
+def _attr(name: str, value: Any) -> Attr | None:
+    if isinstance(value, Attr):
+        return Attr(name, value.type, value.value, value.doc_string, value.ref_attr_name, value.extra)
+    if isinstance(value, _INTS):
+        return Attr(name, AttrType.INT, int(value))
+    if isinstance(value, (float, np.floating)):
+        return Attr(name, AttrType.FLOAT, float(value))
+    if isinstance(value, str):
+        return Attr(name, AttrType.STRING, value.encode())
+    if isinstance(value, bytes):
+        return Attr(name, AttrType.STRING, value)
+    if isinstance(value, np.ndarray):
+        return Attr(name, AttrType.TENSOR, Tensor.from_numpy(value))
+    if isinstance(value, Tensor):
+        return Attr(name, AttrType.TENSOR, value)
+    if isinstance(value, (list, tuple)):
+        if all(isinstance(v, _INTS) for v in value):
+            return Attr(name, AttrType.INTS, [int(v) for v in value])
+        if all(isinstance(v, _NUMBERS) for v in value):
+            return Attr(name, AttrType.FLOATS, [float(v) for v in value])
+    return None
+
+
+def copy_tensor(t: Tensor | EncodedTensor) -> Tensor | EncodedTensor:
+    """A new record around ``t``'s payload. Registering an initializer renames its record,
+    so a record that may be shared (a copied function body, a Constant attribute) is
+    copied before it is registered; the payload itself is not copied."""
+    if isinstance(t, EncodedTensor):
+        return EncodedTensor(replace(t.header), t.external)
+    return Tensor(t.dtype, t.dims, name=t.name, raw=t.raw, array=t.array, proto=t.proto,
+                  external=t.external, doc_string=t.doc_string, metadata=dict(t.metadata),
+                  extra=t.extra)
