@@ -67,7 +67,7 @@ from onnxforge.proto_ext.types import (
     Type,
 )
 
-__all__ = ["GraphBuilder", "BuildError", "struct_ref", "tensor_type", "READ_ONLY", "READ_WRITE"]
+__all__ = ["GraphBuilder", "BuildError", "attr_from_value", "struct_ref", "tensor_type", "READ_ONLY", "READ_WRITE"]
 
 # Operators of the ai.onnxforge domain reachable through ``g.op``.
 _ONNXFORGE_OPS = frozenset({"CacheUpdate"})
@@ -90,7 +90,7 @@ def struct_ref(type_id: int) -> StructType:
     return StructType(kind="type_ref", type_ref=type_id)
 
 
-def _attr(name: str, value: Any) -> Attr:
+def attr_from_value(name: str, value: Any) -> Attr:
     """Python value -> Attr with the AttributeProto type inferred from the value."""
     if isinstance(value, Attr):
         return value
@@ -403,7 +403,7 @@ class GraphBuilder:
             if v is not None and not isinstance(v, Value):
                 raise BuildError(f"{op_type}: input {i} is a {type(v).__name__}, not a Value "
                                  "(use g.initializer / g.constant for data)")
-        attrs = [_attr(k, v) for k, v in attributes.items() if v is not None]
+        attrs = [attr_from_value(k, v) for k, v in attributes.items() if v is not None]
         node_name = self.unique_name(name or op_type)
         where = f"{self.graph.path()}.node({node_name!r})"
         if domain == ONNXFORGE_DOMAIN and ONNXFORGE_DOMAIN not in self.opsets:

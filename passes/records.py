@@ -13,16 +13,13 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-import numpy as np
 
 from onnxforge.errors import OnnxforgeError
-from onnxforge.graphbuilder.ir import Attr, AttrType
+from onnxforge.graphbuilder.builder import BuildError, attr_from_value
+from onnxforge.graphbuilder.ir import Attr
 from onnxforge.graphbuilder.tensors import EncodedTensor, Tensor
 
 __all__ = ["copy_tensor", "make_attrs"]
-
-_INTS = (bool, int, np.integer)
-_NUMBERS = (bool, int, float, np.integer, np.floating)
 
 
 def make_attrs(values: Mapping[str, Any], error: type[OnnxforgeError], where: str) -> list[Attr]:
@@ -45,24 +42,10 @@ def make_attrs(values: Mapping[str, Any], error: type[OnnxforgeError], where: st
 def _attr(name: str, value: Any) -> Attr | None:
     if isinstance(value, Attr):
         return Attr(name, value.type, value.value, value.doc_string, value.ref_attr_name, value.extra)
-    if isinstance(value, _INTS):
-        return Attr(name, AttrType.INT, int(value))
-    if isinstance(value, (float, np.floating)):
-        return Attr(name, AttrType.FLOAT, float(value))
-    if isinstance(value, str):
-        return Attr(name, AttrType.STRING, value.encode())
-    if isinstance(value, bytes):
-        return Attr(name, AttrType.STRING, value)
-    if isinstance(value, np.ndarray):
-        return Attr(name, AttrType.TENSOR, Tensor.from_numpy(value))
-    if isinstance(value, Tensor):
-        return Attr(name, AttrType.TENSOR, value)
-    if isinstance(value, (list, tuple)):
-        if all(isinstance(v, _INTS) for v in value):
-            return Attr(name, AttrType.INTS, [int(v) for v in value])
-        if all(isinstance(v, _NUMBERS) for v in value):
-            return Attr(name, AttrType.FLOATS, [float(v) for v in value])
-    return None
+    try:
+        return attr_from_value(name, value)
+    except BuildError:
+        return None
 
 
 def copy_tensor(t: Tensor | EncodedTensor) -> Tensor | EncodedTensor:
