@@ -63,9 +63,6 @@ def summarize(view: ModelView, initializer_bytes: dict[str, int]) -> dict[str, A
     struct catalogue, encoded initializers, bindings and aliases."""
     g = view.graph
     hist = Counter(f"{n.domain}::{n.op_type}" if n.domain else n.op_type for n in _walk_nodes(g))
-    for f in view.functions:
-        for n in f.nodes:
-            hist[f"{n.domain}::{n.op_type}" if n.domain else n.op_type] += 0
     aliases = []
     for n in _walk_nodes(g):
         for a in n.output_alias:
