@@ -15,58 +15,11 @@ import numpy as np
 from onnx import TensorProto
 
 from onnxforge.errors import CodecError
+from onnxforge.proto_ext.dtypes import np_dtype, onnx_dtype
 from onnxforge.proto_ext.external import ExternalRef
 from onnxforge.proto_ext.types import BITS, EncodedValue
 
 __all__ = ["Tensor", "EncodedTensor", "np_dtype", "onnx_dtype"]
-
-_NP: dict[int, Any] = {
-    TensorProto.FLOAT: np.float32, TensorProto.DOUBLE: np.float64, TensorProto.FLOAT16: np.float16,
-    TensorProto.INT8: np.int8, TensorProto.UINT8: np.uint8, TensorProto.INT16: np.int16,
-    TensorProto.UINT16: np.uint16, TensorProto.INT32: np.int32, TensorProto.UINT32: np.uint32,
-    TensorProto.INT64: np.int64, TensorProto.UINT64: np.uint64, TensorProto.BOOL: np.bool_,
-    TensorProto.COMPLEX64: np.complex64, TensorProto.COMPLEX128: np.complex128,
-}
-
-
-def _ml_dtypes() -> dict[int, Any]:
-    import ml_dtypes as md
-
-    out = {TensorProto.BFLOAT16: md.bfloat16, TensorProto.FLOAT8E4M3FN: md.float8_e4m3fn,
-           TensorProto.FLOAT8E4M3FNUZ: md.float8_e4m3fnuz, TensorProto.FLOAT8E5M2: md.float8_e5m2,
-           TensorProto.FLOAT8E5M2FNUZ: md.float8_e5m2fnuz, TensorProto.INT4: md.int4,
-           TensorProto.UINT4: md.uint4}
-    for code, name in ((TensorProto.INT2, "int2"), (TensorProto.UINT2, "uint2"),
-                       (TensorProto.FLOAT4E2M1, "float4_e2m1fn"),
-                       (TensorProto.FLOAT8E8M0, "float8_e8m0fnu")):
-        if hasattr(md, name):
-            out[code] = getattr(md, name)
-    return out
-
-
-_NP.update(_ml_dtypes())
-_ONNX = {np.dtype(v): k for k, v in _NP.items()}
-
-
-def np_dtype(code: int) -> np.dtype:
-    """numpy dtype of a TensorProto element type (ml_dtypes for the low-bit ones)."""
-    try:
-        return np.dtype(_NP[code])
-    except KeyError:
-        raise CodecError(f"no numpy dtype for TensorProto element type {code}") from None
-
-
-def onnx_dtype(dtype: Any) -> int:
-    """TensorProto element type of a numpy dtype (or anything ``numpy.dtype`` accepts)."""
-    try:
-        dt = np.dtype(dtype)
-    except TypeError:
-        raise CodecError(f"{dtype!r} is not a numpy dtype") from None
-    try:
-        return _ONNX[dt]
-    except KeyError:
-        raise CodecError(f"no TensorProto element type for numpy dtype {dt}") from None
-
 
 class Tensor:
     """A dense tensor value (initializer, Constant attribute, struct constant).

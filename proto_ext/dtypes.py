@@ -59,8 +59,12 @@ def np_dtype(code: int) -> np.dtype:
 
 
 def onnx_dtype(dtype: Any) -> int:
-    """TensorProto element type of a numpy dtype."""
+    """TensorProto element type of a numpy dtype (or anything ``numpy.dtype`` accepts)."""
     try:
-        return _ELEM_TYPES[np.dtype(dtype)]
+        dt = np.dtype(dtype)
+    except TypeError:
+        raise CodecError(f"{dtype!r} is not a numpy dtype") from None
+    try:
+        return _ELEM_TYPES[dt]
     except KeyError:
-        raise CodecError(f"no TensorProto element type for numpy dtype {np.dtype(dtype)}") from None
+        raise CodecError(f"no TensorProto element type for numpy dtype {dt}") from None
