@@ -39,9 +39,13 @@ def _extensions() -> list[Extension]:
             Extension(
                 module,
                 [pyx],
-                include_dirs=[numpy.get_include()],
+                include_dirs=[numpy.get_include(), "kernels_cy"],
                 define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
-                extra_compile_args=["-O3"],
+                # no -march: kernels_cy/_simd.h selects AVX2+FMA code paths at run time
+                extra_compile_args=["-O3", "-fopenmp"],
+                extra_link_args=["-fopenmp"],
+                depends=sorted(glob.glob(os.path.join("kernels_cy", "*.h"))
+                               + glob.glob(os.path.join("kernels_cy", "*.pxi"))),
             )
         )
     return cythonize(exts, language_level=3, quiet=True)

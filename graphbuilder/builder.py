@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from onnxforge.errors import OnnxforgeError
+from onnxforge.proto_ext.errors import OnnxforgeError
 from onnxforge.graphbuilder.ir import (
     MUST_ALIAS,
     READ_ONLY,
@@ -194,7 +194,7 @@ class GraphBuilder:
         self.model = model
         self.graph: Graph | Function = model.graph
         self.parent = parent
-        self._scope = NameScope.from_model(model) if parent is None else parent._scope
+        self._scope: NameScope = NameScope.from_model(model) if parent is None else parent._scope
         self.op = _Ops(self)
         self._shapes = None
         self._infer = infer_shapes
@@ -331,12 +331,12 @@ class GraphBuilder:
                 raise BuildError(f"encoded initializer {name!r}: wrapping codes needs scale and "
                                  "logical_type")
             scale_arr = np.asarray(scale)
-            zp = None
+            zp_constant = None
             if zero_point is not None:
-                zp = _constant(np.asarray(zero_point).astype(np_dtype(storage_type)))
+                zp_constant = _constant(np.asarray(zero_point).astype(np_dtype(storage_type)))
             header = EncodedValue(
                 name=name,
-                affine=AffineLayout(storage_type, _constant(scale_arr), zp, axis, block_size),
+                affine=AffineLayout(storage_type, _constant(scale_arr), zp_constant, axis, block_size),
                 logical_type=logical_type, has_logical_type=True, raw_data=bytes(codes))
         v = Value(self._claim(name, "initializer"), logical_type)
         self.graph.add_initializer(v, EncodedTensor(header))

@@ -25,7 +25,7 @@ from typing import Any, Union
 
 from google.protobuf.message import Message
 
-from onnxforge.errors import ExternalDataError
+from onnxforge.proto_ext.errors import ExternalDataError
 from onnxforge.proto_ext import schema
 from onnxforge.proto_ext.external import ExternalDataCache, parse_external_entries
 

@@ -26,7 +26,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from onnxforge.errors import OnnxforgeError
+from onnxforge.proto_ext.errors import OnnxforgeError
 from onnxforge.graphbuilder.tensors import EncodedTensor, Tensor
 from onnxforge.proto_ext.types import StructType, Type
 
@@ -140,14 +140,24 @@ class Value:
         return list(dict.fromkeys(n for n, _ in self._uses))
 
     def replace_all_uses_with(self, other: "Value", *, outputs: bool = True) -> None:
-        """Point every consumer of ``self`` at ``other`` (and the ``alias_of`` of the
-        consumers' outputs that named ``self``); with ``outputs`` also graph outputs
+        """Point every consumer of ``self`` at ``other`` (and the ``alias_of`` that named
+        ``self`` on the consumers' outputs, and on the outputs of the nodes and subgraphs
+        enclosing a consumer that captures ``self``); with ``outputs`` also graph outputs
         and persistent bindings that name ``self``."""
         for node, i in list(self._uses):
             node.set_input(i, other)
-            for o in node._outputs:
-                if o.alias_of is self:
-                    o.alias_of = other
+            n: Node | None = node
+            while n is not None:  # the consumer and, for a subgraph capture, its owners
+                for o in n._outputs:
+                    if o.alias_of is self:
+                        o.alias_of = other
+                g = n.graph
+                if not isinstance(g, Graph):
+                    break
+                for o in g.outputs:
+                    if o.alias_of is self:
+                        o.alias_of = other
+                n = g.parent
         if outputs and self.graph is not None:
             self.graph._replace_output(self, other)
 
@@ -164,21 +174,9 @@ class Value:
     def is_encoded(self) -> bool:
         return isinstance(self.const, EncodedTensor)
 
-    def alias_root(self) -> "Value":
-        """Follow ``alias_of`` (and MUST_ALIAS ports) to the storage owner."""
-        seen: set[int] = set()
-        v = self
-        while True:
-            if id(v) in seen:
-                raise IRError(f"alias cycle through value {v.name!r}")
-            seen.add(id(v))
-            nxt = v.aliased_input()
-            if nxt is None:
-                return v
-            v = nxt
-
     def aliased_input(self) -> "Value | None":
-        """The value whose storage this value must share, if any."""
+        """The value whose storage this value must share, if any (one hop; the root of a
+        chain and every other storage fact come from ``graphbuilder.storage.Storage``)."""
         if isinstance(self.alias_of, Value):
             return self.alias_of
         p = self._producer
@@ -282,7 +280,7 @@ class Node:
         for i in range(len(self._inputs)):
             self.set_input(i, None)
 
-    # -- attributes / effects ---------------------------------------------------
+    # -- attributes ---------------------------------------------------
     def attr(self, name: str, default: Any = None) -> Any:
         a = self.attributes.get(name)
         return default if a is None else a.value
@@ -292,23 +290,6 @@ class Node:
         for a in self.attributes.values():
             out.extend(a.graphs())
         return out
-
-    def has_side_effects(self) -> bool:
-        """True if the node writes aliased storage or produces a bound/aliased output.
-
-        Such a node is never dead code, never merged by CSE and never moved
-        across another writer of the same alias root.
-        """
-        if any(a.kind == MUST_ALIAS for a in self.output_alias):
-            return True
-        if any(o.alias_of is not None for o in self._outputs):
-            return True
-        g = self.graph
-        if isinstance(g, Graph) and g.bindings:
-            bound = {id(o) for _, o in g.bindings}
-            if any(id(o) in bound for o in self._outputs):
-                return True
-        return False
 
     @property
     def op_id(self) -> tuple[str, str, str]:

@@ -17,7 +17,7 @@ from typing import Any
 
 import onnx.defs as defs
 
-from onnxforge.errors import OnnxforgeError
+from onnxforge.proto_ext.errors import OnnxforgeError
 
 __all__ = [
     "ONNXFORGE_DOMAIN",
@@ -89,7 +89,8 @@ def get_schema(op_type: str, version: int, domain: str) -> defs.OpSchema | None:
         return None
 
 
-_ATTR_NAMES = {int(v): k for k, v in defs.OpSchema.AttrType.__members__.items()}
+# onnx's stub for the AttrType enum omits its __members__ and int conversion
+_ATTR_NAMES = {int(v): k for k, v in defs.OpSchema.AttrType.__members__.items()}  # type: ignore[attr-defined]
 
 
 def _resolve(op_type: str, domain: str, opsets: dict[str, int]) -> tuple[int, bool]:
@@ -146,9 +147,9 @@ def check_node(op_type: str, domain: str, n_inputs: int, n_outputs: int,
         if spec is None:
             raise SchemaCheckError(f"{where}: {op_type}-{schema.since_version} has no attribute "
                                    f"{name!r} (known: {sorted(schema.attributes)})")
-        if int(spec.type) != code:
+        if int(spec.type) != code:  # type: ignore[call-overload]
             raise SchemaCheckError(
-                f"{where}: attribute {name!r} of {op_type} must be {_ATTR_NAMES.get(int(spec.type))}, "
+                f"{where}: attribute {name!r} of {op_type} must be {_ATTR_NAMES.get(int(spec.type))}, "  # type: ignore[call-overload]
                 f"got {_ATTR_NAMES.get(code, code)}")
     for name, spec in schema.attributes.items():
         if spec.required and name not in attributes:

@@ -28,7 +28,9 @@ Concat -> Reshape`` resolves to symbolic targets::
 Aliases (``Node.output_alias`` MUST_ALIAS ports, ``Value.alias_of`` and the
 operator rule of ``ai.onnxforge`` CacheUpdate) form equivalence classes whose
 members always share one type: what is learned for one name is visible through
-the others. :meth:`ShapesContext.alias_root` gives the storage owner of a class.
+the others. :meth:`ShapesContext.alias_root` gives the storage owner of a value,
+from the one alias resolution (``graphbuilder.storage``); alias cycles are
+reported by the verifier (rule L5).
 
 Per-operator rules live in :mod:`onnxforge.graphbuilder.infer`. Operators
 without a rule and without a local function leave their outputs as declared
@@ -44,8 +46,9 @@ from typing import Any
 import numpy as np
 from onnx import TensorProto
 
-from onnxforge.errors import OnnxforgeError
+from onnxforge.proto_ext.errors import OnnxforgeError
 from onnxforge.graphbuilder.ir import MUST_ALIAS, Attr, Function, Graph, Model, Node, Value
+from onnxforge.graphbuilder.storage import Storage
 from onnxforge.graphbuilder.symbolic import Dim, SymbolicError, SymExpr, as_dim, dims_equal, symbol
 from onnxforge.graphbuilder.tensors import EncodedTensor, Tensor, np_dtype
 from onnxforge.proto_ext.catalogue import Catalogue
@@ -379,10 +382,9 @@ class ShapesContext:
         """The refined type of ``value`` (``None`` when nothing is known)."""
         if value is None:
             return None
-        t = self._types.get(value, _MISSING)
-        if t is _MISSING:
-            t = self._seed(value)
-        return t
+        if value in self._types:
+            return self._types[value]
+        return self._seed(value)
 
     def shape_of(self, value: Value | None) -> tuple[Dim, ...] | None:
         """The shape of a tensor value; ``None`` for an unknown rank or a non-tensor."""
@@ -529,18 +531,18 @@ class ShapesContext:
         return self._alias_edges.get(v)
 
     def alias_root(self, value: Value) -> Value:
-        """The storage owner: follow ``alias_of`` / MUST_ALIAS ports to the end of the chain."""
-        seen: list[Value] = []
-        v = value
-        while True:
-            if any(s is v for s in seen):
-                chain = " -> ".join(s.name for s in seen + [v])
-                raise ShapeError(f"alias cycle: {chain}")
-            seen.append(v)
-            nxt = self._aliased_input(v)
-            if nxt is None:
-                return v
-            v = nxt
+        """The storage owner of ``value``, from the one alias resolution
+        (:class:`~onnxforge.graphbuilder.storage.Storage`); alias classes here only
+        share types."""
+        st = getattr(self, "_storage", None)
+        if st is None:
+            model = self.model
+            if model is None and isinstance(self.graph, Graph):
+                model = Model(self.graph)
+            if model is None:
+                return value
+            st = self._storage = Storage(model)
+        return st.root(value)
 
     def _resolve_name(self, v: Value, name: str) -> Value:
         g = v.graph
@@ -556,7 +558,6 @@ class ShapesContext:
         """Make ``output`` and ``input`` one alias class: merge their types (rejects conflicts)."""
         if output is input:
             return
-        self.alias_root(input)  # rejects cycles through the input's chain
         ra, rb = self._find(output), self._find(input)
         if ra is rb:
             return

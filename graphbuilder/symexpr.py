@@ -10,6 +10,7 @@ folding functions bring them to a canonical shape before they are built::
 
     (2*n)//2          -> n
     (4*n + 8)//4      -> n + 2
+    (4*b*p + 4*b*s)//(p + s) -> 4*b   exact polynomial quotient
     (n - 1)//2 + 1    -> (n + 1)//2        constants reduced into [0, divisor)
     (2*n + 2)//4      -> (n + 1)//2        common factor removed
     (n//2)//3         -> n//6
@@ -25,7 +26,6 @@ from collections.abc import Iterable, Mapping
 from functools import lru_cache
 from math import gcd
 
-from onnxforge.errors import OnnxforgeError
 from onnxforge.graphbuilder.symterms import (
     FLOORDIV,
     KIND_NAMES,
@@ -39,6 +39,7 @@ from onnxforge.graphbuilder.symterms import (
     pow_terms,
     unit_atom,
 )
+from onnxforge.proto_ext.errors import OnnxforgeError
 
 __all__ = [
     "SymExpr",
@@ -508,6 +509,46 @@ def _in_range(r: dict, bound: int) -> bool:
     return hi < bound
 
 
+_MAX_DIVISION_STEPS = 256
+
+
+def _exact_quotient(a: dict, b: dict) -> dict | None:
+    """``q`` with ``a == q*b`` and integer coefficients, else ``None``.
+
+    Multivariate division by one polynomial under the graded lexicographic order:
+    the remainder is zero exactly when ``b`` divides ``a``, so the division stops
+    as soon as the leading term of ``b`` fails to divide the remainder's::
+
+        (4*b*p + 4*b*s) / (p + s)   -> 4*b
+        (n**2 - 1) / (n + 1)        -> n - 1
+        (n**2 + 1) / (n + 1)        -> None
+    """
+    atoms = sorted({x for t in (a, b) for m in t for x, _ in m})
+    index = {x: i for i, x in enumerate(atoms)}
+
+    def key(m: tuple) -> tuple[int, list[int]]:
+        v = [0] * len(atoms)
+        for x, p in m:
+            v[index[x]] = p
+        return (sum(v), v)
+
+    lead_b = max(b, key=key)
+    coef_b = b[lead_b]
+    r = dict(a)
+    q: dict = {}
+    for _ in range(_MAX_DIVISION_STEPS):
+        if not r:
+            return q
+        lead_r = max(r, key=key)
+        c, rem = divmod(r[lead_r], coef_b)
+        m = _mono_div(lead_r, lead_b)
+        if rem or m is None:
+            return None
+        add_into(q, {m: c})
+        add_into(r, mul_terms({m: c}, b), -1)
+    return None
+
+
 def _symbolic_division(kind: int, a: SymExpr, b: SymExpr) -> tuple[dict, SymExpr, int]:
     """``a // b`` or ``a % b`` for a divisor with a symbol (assumed non-zero), as
     ``(q, atom, g)``: the result is ``q + atom`` for floor division and ``g*atom``
@@ -517,6 +558,9 @@ def _symbolic_division(kind: int, a: SymExpr, b: SymExpr) -> tuple[dict, SymExpr
     k = _exact_multiple(a._terms, bt)
     if k is not None:
         return ({(): k} if k else {}), _const(0), 1
+    exact = _exact_quotient(a._terms, bt)
+    if exact is not None:
+        return exact, _const(0), 1
     q: dict = {}
     r = a._terms
     if len(bt) == 1:
@@ -573,8 +617,8 @@ def _floordiv(a: SymExpr, b: SymExpr) -> SymExpr:
         return a
     if _leading_negative(b._terms):  # a//(-b) == (-a)//b
         a, b = -a, -b
-    q, atom, _ = _symbolic_division(FLOORDIV, a, b)
-    return _make(q) + atom
+    q, quotient_atom, _ = _symbolic_division(FLOORDIV, a, b)
+    return _make(q) + quotient_atom
 
 
 def _content(r: dict, c: int) -> int:

@@ -58,6 +58,8 @@ class Opaque:
 
     kind: int
     args: tuple[Any, ...]
+    _hash: int
+    _text: str | None
 
     def __init__(self, kind: int, args: tuple[Any, ...]):
         _set(self, "kind", kind)

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 from onnx import TensorProto
 
-from onnxforge.errors import CodecError
+from onnxforge.proto_ext.errors import CodecError
 from onnxforge.proto_ext.dtypes import np_dtype, onnx_dtype
 from onnxforge.proto_ext.external import ExternalRef
 from onnxforge.proto_ext.types import BITS, EncodedValue

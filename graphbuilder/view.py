@@ -1,17 +1,19 @@
 """The IR's verification view (``proto_ext.view.ModelView``), built without serializing.
 
-Only names, types, alias annotations and encoded-value headers are read; payloads
-are referenced, never copied. The one exception: the elements of small integer
-tensors (initializers and ``Constant`` nodes of at most 64 elements) are read, for
-static range checks such as rule L12, as the wire view does.
+Only names, types, alias annotations, encoded-value headers and external-data
+references (rule P7) are read; payloads are referenced, never copied. The one
+exception: the elements of small integer tensors (initializers and ``Constant``
+nodes of at most 64 elements) are read, for static range checks such as rule L12,
+as the wire view does.
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import replace
 
 from onnx import TensorProto
 
-from onnxforge.errors import CodecError
+from onnxforge.proto_ext.errors import CodecError
 from onnxforge.graphbuilder.ir import AttrType, Function, Graph, Model, Node, Value
 from onnxforge.graphbuilder.tensors import EncodedTensor, Tensor
 from onnxforge.proto_ext.types import (
@@ -23,9 +25,18 @@ from onnxforge.proto_ext.types import (
     TensorType,
     Type,
 )
-from onnxforge.proto_ext.view import AliasSpec, FunctionView, GraphView, ModelView, NodeView, ValueSpec
+from onnxforge.proto_ext.view import (
+    AliasSpec,
+    ExternalSpec,
+    FunctionView,
+    GraphView,
+    ModelView,
+    NodeView,
+    ValueSpec,
+    serialized_refs,
+)
 
-__all__ = ["model_view", "plain_type"]
+__all__ = ["model_view", "node_view", "plain_type"]
 
 
 def plain_type(t: Type) -> Type:
@@ -63,6 +74,7 @@ def _node(n: Node, path: str) -> NodeView:
         inputs=["" if v is None else v.name for v in n.inputs],
         outputs=[v.name for v in n.outputs],
         output_alias=[AliasSpec(a.output_index, a.input_index, a.kind) for a in n.output_alias],
+        ref=n,
     )
     for a in n.attributes.values():
         if a.type == AttrType.GRAPH and a.value is not None:
@@ -73,6 +85,11 @@ def _node(n: Node, path: str) -> NodeView:
         elif a.type in (AttrType.INT, AttrType.FLOAT, AttrType.STRING, AttrType.INTS):
             nv.attributes[a.name] = tuple(a.value) if a.type == AttrType.INTS else a.value
     return nv
+
+
+def node_view(n: Node, path: str) -> NodeView:
+    """The view of one IR node (its subgraphs included), labelled ``path``."""
+    return _node(n, path)
 
 
 def _value_infos(container: Graph | Function) -> list[ValueSpec]:
@@ -128,7 +145,7 @@ def _int_values(g: Graph) -> dict[str, tuple[int, ...]]:
     """Small integer initializers and Constant outputs (for static range checks like L12)."""
     out: dict[str, tuple[int, ...]] = {}
     for v in g.initializers.values():
-        values = _small_ints(v.const)
+        values = _small_ints(v.const if isinstance(v.const, Tensor) else None)
         if values is not None:
             out[v.name] = values
     for n in g:
@@ -149,7 +166,51 @@ def _wire_header(t: EncodedTensor):
     return h
 
 
+def _tensor_refs(t: object, path: str) -> list[ExternalSpec]:
+    """The external reference of an IR tensor: the one the loader parsed, or the one of a
+    TensorProto the IR keeps serialized (typed fields, or inline and external data both)."""
+    if not isinstance(t, Tensor):
+        return []
+    if t.external is not None:
+        return [(f"{path}.external_data", tuple(t.external.to_entries()))]
+    return serialized_refs(t.proto, path) if t.proto is not None else []
+
+
+def _sparse_refs(data: object, path: str) -> list[ExternalSpec]:
+    """The external references of a sparse tensor the IR keeps as serialized bytes."""
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        return serialized_refs(data, path, sparse=True)
+    return []
+
+
+def _attribute_refs(nodes: list[Node], views: list[NodeView]) -> Iterator[ExternalSpec]:
+    for n, nv in zip(nodes, views):
+        for a in n.attributes.values():
+            apath = f"{nv.path}.attribute[{a.name!r}]"
+            if a.type == AttrType.TENSOR:
+                yield from _tensor_refs(a.value, f"{apath}.t")
+            elif a.type == AttrType.TENSORS:
+                for k, t in enumerate(a.value or []):
+                    yield from _tensor_refs(t, f"{apath}.tensors[{k}]")
+            elif a.type == AttrType.SPARSE_TENSOR:
+                yield from _sparse_refs(a.value, f"{apath}.sparse_tensor")
+            elif a.type == AttrType.SPARSE_TENSORS:
+                for k, data in enumerate(a.value or []):
+                    yield from _sparse_refs(data, f"{apath}.sparse_tensors[{k}]")
+
+
+def _external_refs(g: Graph, nodes: list[NodeView], path: str) -> Iterator[ExternalSpec]:
+    """External references of the graph's dense and sparse initializers and of its nodes'
+    tensor attributes (rule P7); payloads are never read."""
+    for name, v in g.initializers.items():
+        yield from _tensor_refs(v.const, f"{path}.initializer[{name!r}]")
+    for name, data in g.sparse_initializers.items():
+        yield from _sparse_refs(data, f"{path}.sparse_initializer[{name!r}]")
+    yield from _attribute_refs(list(g), nodes)
+
+
 def _graph(g: Graph, path: str, is_main: bool) -> GraphView:
+    nodes = [_node(n, f"{path}.node[{i}]") for i, n in enumerate(g)]
     return GraphView(
         path=path,
         name=g.name,
@@ -161,19 +222,24 @@ def _graph(g: Graph, path: str, is_main: bool) -> GraphView:
         sparse_initializers=list(g.sparse_initializers),
         encoded=[_wire_header(v.const) for v in g.encoded_initializers.values()
                  if isinstance(v.const, EncodedTensor)],
-        nodes=[_node(n, f"{path}.node[{i}]") for i, n in enumerate(g)],
+        nodes=nodes,
         bindings=[(i.name, o.name) for i, o in g.bindings],
         int_values=_int_values(g),
+        external_refs=list(_external_refs(g, nodes, path)),
+        ref=g,
     )
 
 
 def _function(f: Function) -> FunctionView:
     path = f.path()
+    nodes = [_node(n, f"{path}.node[{i}]") for i, n in enumerate(f)]
     return FunctionView(
         path=path, domain=f.domain, name=f.name, overload=f.overload,
         inputs=[v.name for v in f.inputs], outputs=[v.name for v in f.outputs],
         value_infos=_value_infos(f),
-        nodes=[_node(n, f"{path}.node[{i}]") for i, n in enumerate(f)],
+        nodes=nodes,
+        external_refs=list(_attribute_refs(list(f), nodes)),
+        ref=f,
     )
 
 

@@ -1,1 +1,7 @@
 """CPU backend (Cython kernels). Kernels are added as ``.pyx`` files beside this one."""
+
+if __name__ != "onnxforge.kernels_cy":  # the folder imported under its bare name
+    raise ImportError(
+        f"the layer folder kernels_cy/ was imported as {__name__!r}: import onnxforge.kernels_cy "
+        "instead, after `pip install -e .` at the repository root"
+    )

@@ -1,16 +1,20 @@
 """The public facade's functions (re-exported by ``onnxforge``)."""
 from __future__ import annotations
 
+import mmap
 import os
 from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
-from onnxforge.errors import CodecError, OnnxforgeError
+from onnxforge.errors import CodecError, OnnxforgeError, VerificationError, Violation, WireError
 
-__all__ = ["decode_value", "verify", "check", "load", "save", "to_standard_onnx", "infer_shapes",
-           "optimize"]
+__all__ = ["decode_value", "verify", "check", "load", "load_verified", "save", "to_standard_onnx",
+           "infer_shapes", "optimize"]
+
+_VIEW_MIN = 1024
+"""Main-graph payloads of at least this many bytes are checked through views, never copied."""
 
 
 def _is_ir(model: Any) -> bool:
@@ -51,21 +55,101 @@ def save(model: Any, path: str | os.PathLike, *, external_data: str | None = Non
     serde.save(load(model), path, external_data=external_data, size_threshold=size_threshold)
 
 
+def _check_bytes(data: Any, model_dir: str | None) -> list[Violation]:
+    """Static-rule violations of serialized model bytes (``bytes`` or an ``mmap``), found on
+    the wire view like :func:`check` does, but without copying the large main-graph
+    payloads: the rules need only their sizes, which views of ``data`` give."""
+    from onnxforge.proto_ext import schema
+    from onnxforge.proto_ext.convert import encoded_from_proto
+    from onnxforge.proto_ext.verify import check as _check
+    from onnxforge.proto_ext.verify.wire import wire_violations
+    from onnxforge.proto_ext.view import view_from_proto
+    from onnxforge.proto_ext.wirescan import KIND_ENCODED, payload_views, strip_payloads
+
+    try:
+        stripped = strip_payloads(data, min_size=_VIEW_MIN)
+    except WireError as exc:
+        raise WireError(f"cannot parse ModelProto: {exc}") from None
+    message = schema.parse_model(stripped.skeleton)
+    view = view_from_proto(message, model_dir)
+    if stripped.payloads:
+        encoded = message.graph.encoded_initializer
+        for (kind, index), payload in payload_views(data, stripped).items():
+            if kind == KIND_ENCODED:
+                view.graph.encoded[index] = encoded_from_proto(encoded[index], raw_data=payload)
+    return wire_violations(message) + _check(view)
+
+
+def _check_path(path: str, model_dir: str | None) -> list[Violation]:
+    from onnxforge.proto_ext.schema import model_file_error
+
+    folder = model_dir if model_dir is not None else os.path.dirname(os.path.abspath(path))
+    try:
+        with open(path, "rb") as fh:
+            if os.fstat(fh.fileno()).st_size == 0:
+                raise WireError(f"{path!r} is empty: not an ONNX model")
+            mapping = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+    except OSError as exc:
+        raise model_file_error(path, exc) from None
+    try:
+        return _check_bytes(mapping, folder)
+    finally:
+        try:
+            mapping.close()
+        except BufferError:  # a view still refers to it; it is unmapped with the last one
+            pass
+
+
+def _input_violations(model: Any, model_dir: str | None) -> list[Violation]:
+    """Every static-rule violation of an input model: on its wire view when it is a path,
+    bytes or a message (before the IR is built, so nothing the IR cannot hold, such as a
+    second definition of a name, escapes), on the IR's own view otherwise."""
+    from onnxforge.proto_ext.verify import check as _check
+
+    if isinstance(model, (str, os.PathLike)):
+        return _check_path(os.fspath(model), model_dir)
+    if isinstance(model, (bytes, bytearray, memoryview)):
+        return _check_bytes(model, model_dir)
+    return _check(model, model_dir)
+
+
+def load_verified(source: Any, *, model_dir: str | None = None):
+    """:func:`load`, after checking that ``source`` breaks no static rule.
+
+    Raises :class:`onnxforge.VerificationError` listing every violation (the model
+    is not loaded then); an IR model is checked and returned as it is. External
+    references are checked (rule P7) before any payload is mapped.
+    """
+    violations = _input_violations(source, None if model_dir is None else os.fspath(model_dir))
+    if violations:
+        raise VerificationError(violations)
+    return load(source, model_dir=model_dir)
+
+
 def to_standard_onnx(model: Any, *, target_opset: int | None = None, keep_domains: Any = (),
                      lower: bool = True):
-    """A standard ``onnx.ModelProto``; :class:`onnxforge.ExportError` lists what cannot be lowered."""
+    """A standard ``onnx.ModelProto``; :class:`onnxforge.ExportError` lists what cannot be lowered.
+
+    ``model`` is verified first: one that breaks a static rule raises
+    :class:`onnxforge.VerificationError` and is not exported."""
     from onnxforge.passes.export import to_standard_onnx as _export
 
+    violations = _input_violations(model, None)
+    if violations:
+        raise VerificationError(violations)
     return _export(model, target_opset=target_opset, keep_domains=keep_domains, lower=lower)
 
 
 def optimize(model: Any, passes: Any = None, *, debug: bool = False):
     """Run the default pass pipeline (or ``passes``: names or Pass objects) and return the
     IR model; nothing the model declares (struct types, encoded initializers, bindings,
-    aliases) is dropped. ``debug`` checks every invariant between passes."""
+    aliases) is dropped. ``debug`` checks every invariant between passes.
+
+    ``model`` is verified first: one that breaks a static rule raises
+    :class:`onnxforge.VerificationError` and is never rewritten."""
     from onnxforge.passes.pipeline import optimize as _optimize
 
-    return _optimize(load(model), passes=passes, debug=debug)
+    return _optimize(load_verified(model), passes=passes, debug=debug)
 
 
 def infer_shapes(model: Any, *, strict: bool = False):
@@ -141,15 +225,14 @@ def decode_value(model: Any, name: str) -> np.ndarray | dict[str, np.ndarray]:
     raise CodecError(f"no initializer named {name!r} in the model")
 
 
-def check(model: Any, model_dir: str | None = None):
-    """Every static-rule violation of ``model`` (empty list: valid)."""
-    from onnxforge.proto_ext.verify import check as _check
-
-    return _check(model, model_dir)
+def check(model: Any, model_dir: str | None = None) -> list[Violation]:
+    """Every static-rule violation of ``model`` (empty list: valid). A path or bytes is
+    checked on its wire view, without copying its large payloads."""
+    return _input_violations(model, None if model_dir is None else os.fspath(model_dir))
 
 
 def verify(model: Any, model_dir: str | None = None) -> None:
     """Raise :class:`onnxforge.VerificationError` if ``model`` breaks a static rule."""
-    from onnxforge.proto_ext.verify import verify as _verify
-
-    _verify(model, model_dir)
+    violations = check(model, model_dir)
+    if violations:
+        raise VerificationError(violations)

@@ -1,51 +1,134 @@
-"""onnxforge command line.
+"""onnxforge command line (``onnxforge ...`` or ``python -m onnxforge ...``).
 
     onnxforge inspect MODEL [--json] [--values]   opsets, ops, inputs/outputs with symbolic shapes,
                                                   initializer bytes, catalogue, encoded values,
                                                   bindings and aliases (--values: every value's type)
     onnxforge verify MODEL [--json]               static rules; exit 1 on any violation
-    onnxforge optimize MODEL -o OUT [--passes a,b] [--debug]
-                                                  default pipeline (or the named passes), with a
-                                                  report: nodes, initializers, bytes, time per pass
-    onnxforge export MODEL -o DIR                 standard ONNX + feedback.json (+ genai_config.json)
+    onnxforge optimize MODEL -o OUT [--passes a,b] [--debug] [--json]
+                                                  verify, then the default pipeline (or the named
+                                                  passes), with a report: nodes, initializers,
+                                                  bytes, time per pass
+    onnxforge export MODEL -o DIR [--json]        verify, then standard ONNX + feedback.json
+                                                  (+ genai_config.json)
+    onnxforge run MODEL [--inputs FILE.npz] [-o OUT.npz] [--threads N] [--json]
+                                                  run on the CPU backend: outputs, timing,
+                                                  bytes allocated and copied
     onnxforge demo [-o DIR]                       the built-in stateful decoder through the toolchain
 
 MODEL may be ``builtin:decoder`` to use the decoder the package builds itself.
+
+Exit status: 0 success; 1 the model breaks a static rule (the violations are
+printed as ``[RULE] path: message``) or export rejected it; 2 a usage or file
+error. Errors go to stderr, without a traceback unless ``--traceback`` is given.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import traceback
+from collections import Counter
 from typing import Any
 
-from onnxforge.errors import OnnxforgeError
+from onnxforge.errors import ExportError, ExternalDataError, OnnxforgeError, VerificationError
 
-__all__ = ["main", "build_parser"]
+__all__ = ["main", "build_parser", "CommandLineError"]
 
 
 _BUILTIN = "builtin:"
+EXIT_OK, EXIT_INVALID, EXIT_USAGE = 0, 1, 2
 
 
-def _read_model(source: str) -> tuple[Any, str | None]:
-    """Extended ModelProto message and its folder (for external data)."""
-    from onnxforge.proto_ext import schema
+class CommandLineError(OnnxforgeError):
+    """A usage or file problem of a command (exit status 2)."""
 
+
+# ------------------------------------------------------------------------------ inputs
+
+
+def _wire_source(source: str) -> Any:
+    """What the wire checks read: the path, or the ModelProto of a built-in model."""
     if source.startswith(_BUILTIN):
         from onnxforge.samples import builtin_model
 
-        return schema.from_onnx(builtin_model(source[len(_BUILTIN):])), None
-    return schema.read_model(source)
+        return builtin_model(source[len(_BUILTIN):])
+    return source
 
 
-def _load_ir(source: str):
-    from onnxforge.api import load
+def _load_ir(source: str, *, verified: bool = False):
+    """The IR model of ``source``; ``verified`` checks the static rules first (on the
+    wire for a file, so that nothing the IR cannot hold escapes the check)."""
+    from onnxforge.api import load, load_verified
 
     if source.startswith(_BUILTIN):
         from onnxforge.samples import build_builtin
 
-        return build_builtin(source[len(_BUILTIN):])
-    return load(source)
+        model = build_builtin(source[len(_BUILTIN):])
+        return load_verified(model) if verified else model
+    return load_verified(source) if verified else load(source)
+
+
+# ----------------------------------------------------------------------------- outputs
+
+
+def _existing_ancestor(folder: str) -> str:
+    while not os.path.lexists(folder):
+        parent = os.path.dirname(folder)
+        if parent == folder:
+            break
+        folder = parent
+    return folder
+
+
+def _check_writable_folder(folder: str, output: str) -> None:
+    """``folder`` exists as a writable folder, or can be created inside one."""
+    base = _existing_ancestor(folder)
+    if not os.path.isdir(base):
+        raise CommandLineError(f"cannot write {output}: {base} is not a folder")
+    if not os.access(base, os.W_OK | os.X_OK):
+        raise CommandLineError(f"cannot write {output}: {base} is not writable")
+
+
+def _output_file(path: str) -> str:
+    """``path`` as the output model file; a folder there, or no way to create it, is an error."""
+    if not path:
+        raise CommandLineError("the output path is empty")
+    if os.path.isdir(path):
+        raise CommandLineError(f"output {path} is a folder; give the path of the model file to write")
+    _check_writable_folder(os.path.dirname(os.path.abspath(path)), path)
+    return path
+
+
+def _output_dir(path: str) -> str:
+    """``path`` as the output folder (created if missing); an existing file there is an error."""
+    if not path:
+        raise CommandLineError("the output folder is empty")
+    if os.path.lexists(path) and not os.path.isdir(path):
+        raise CommandLineError(f"output {path} exists and is not a folder; give a folder path "
+                               f"(it is created if missing)")
+    _check_writable_folder(os.path.abspath(path), path)
+    return path
+
+
+def _write_error(output: str, exc: OSError | ExternalDataError) -> CommandLineError:
+    """The error for an output that could not be written (the input was valid)."""
+    detail = (exc.strerror or str(exc)) if isinstance(exc, OSError) else exc.detail
+    return CommandLineError(f"cannot write {output}: {detail}")
+
+
+def _pass_names(spec: str | None) -> list[str] | None:
+    """The ``--passes`` list (None: the default pipeline); an empty list or name is an error."""
+    if spec is None:
+        return None
+    names = [p.strip() for p in spec.split(",")]
+    if not spec.strip() or any(not n for n in names):
+        raise CommandLineError(f"--passes {spec!r} names an empty pass; give comma-separated pass "
+                               f"names, or leave the option out for the default pipeline")
+    return names
+
+
+# ---------------------------------------------------------------------------- commands
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
@@ -68,7 +151,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
             print("values:")
             for name, t in summary["values"].items():
                 print(f"  {name}: {t}")
-    return 0
+    return EXIT_OK
 
 
 def _model_stats(model) -> dict[str, int]:
@@ -90,58 +173,123 @@ def _cmd_optimize(args: argparse.Namespace) -> int:
     from onnxforge.api import save
     from onnxforge.passes.pipeline import DEFAULT_PIPELINE, default_pass_manager
 
-    t0 = time.perf_counter()
-    model = _load_ir(args.model)
-    load_s = time.perf_counter() - t0
-    before = _model_stats(model)
-    names = [p.strip() for p in args.passes.split(",")] if args.passes else list(DEFAULT_PIPELINE)
-    bar = tqdm(total=len(names), desc="optimize", unit="pass", file=sys.stderr,
-               disable=args.quiet or before["nodes"] < PROGRESS_MIN_NODES)
+    output = _output_file(args.output)
+    names = _pass_names(args.passes)
+    names = list(DEFAULT_PIPELINE) if names is None else names
+    bar = None
 
     def progress(record) -> None:
-        bar.set_postfix_str(f"{record.name}: {record.nodes_after} nodes")
-        bar.update(1)
+        if bar is not None:
+            bar.set_postfix_str(f"{record.name}: {record.nodes_after} nodes")
+            bar.update(1)
 
+    # unknown pass names fail here, before the model is loaded
     pm = default_pass_manager(names, debug=args.debug, progress=progress)
-    pm(model)
-    bar.close()
+    t0 = time.perf_counter()
+    model = _load_ir(args.model, verified=True)
+    load_s = time.perf_counter() - t0
+    before = _model_stats(model)
+    bar = tqdm(total=len(names), desc="optimize", unit="pass", file=sys.stderr,
+               disable=args.quiet or before["nodes"] < PROGRESS_MIN_NODES)
+    try:
+        pm(model)
+    finally:
+        bar.close()
     after = _model_stats(model)
     t1 = time.perf_counter()
-    save(model, args.output)
+    try:
+        save(model, output)
+    except (OSError, ExternalDataError) as exc:
+        raise _write_error(output, exc) from exc
     save_s = time.perf_counter() - t1
     report = {"load_seconds": round(load_s, 4), "save_seconds": round(save_s, 4),
               "before": before, "after": after,
               "passes": [{"name": r.name, "seconds": round(r.seconds, 4), "modified": r.modified,
                           "nodes_before": r.nodes_before, "nodes_after": r.nodes_after}
-                         for r in pm.records]}
+                         for r in pm.records],
+              "output": output}
     if args.json:
         print(json.dumps(report, indent=2))
-        return 0
+        return EXIT_OK
     print(f"{'':<20} {'before':>14} {'after':>14}")
     for key in ("nodes", "initializers", "initializer_bytes"):
         print(f"{key:<20} {before[key]:>14,} {after[key]:>14,}")
     print()
     print(pm.report())
-    print(f"\nload {load_s:.3f} s, save {save_s:.3f} s -> {args.output}")
-    return 0
+    print(f"\nload {load_s:.3f} s, save {save_s:.3f} s -> {output}")
+    return EXIT_OK
+
+
+def _op_key(domain: str, op_type: str) -> str:
+    return f"{domain}::{op_type}" if domain not in ("", "ai.onnx") else op_type
+
+
+def _ir_ops(model) -> Counter:
+    ops: Counter = Counter()
+    for g in model.all_graphs():
+        ops.update(_op_key(n.domain, n.op_type) for n in g)
+    for f in model.functions.values():
+        ops.update(_op_key(n.domain, n.op_type) for n in f)
+    return ops
+
+
+def _proto_ops(graph: Any, ops: Counter) -> Counter:
+    for n in graph.node:
+        ops[_op_key(n.domain, n.op_type)] += 1
+        for a in n.attribute:
+            for sub in ([a.g] if a.HasField("g") else []) + list(a.graphs):
+                _proto_ops(sub, ops)
+    return ops
+
+
+def _export_changes(model, written: dict[str, str]) -> dict[str, Any]:
+    """What export changed: opsets, operators lowered or introduced, node count, feedback."""
+    import onnx
+
+    from onnxforge.passes.export import read_feedback
+
+    std = onnx.load(written["model"], load_external_data=False)
+    before, after = _ir_ops(model), _proto_ops(std.graph, Counter())
+    for f in std.functions:
+        for n in f.node:
+            after[_op_key(n.domain, n.op_type)] += 1
+    opsets_after = {o.domain: o.version for o in std.opset_import}
+    return {
+        "opset_imports": {"before": dict(sorted(model.opset_imports.items())),
+                          "after": dict(sorted(opsets_after.items()))},
+        "nodes": {"before": sum(before.values()), "after": sum(after.values())},
+        "ops_removed": sorted(set(before) - set(after)),
+        "ops_added": sorted(set(after) - set(before)),
+        "feedback": read_feedback(std),
+        "genai_config_updated": "genai_config" in written,
+    }
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
     from onnxforge.passes.export import export_to_dir
 
-    model = _load_ir(args.model)
-    written = export_to_dir(model, args.output, target_opset=args.target_opset,
-                            keep_domains=tuple(args.keep_domain or ()))
-    for path in (written.values() if isinstance(written, dict) else [written]):
+    out_dir = _output_dir(args.output)
+    model = _load_ir(args.model, verified=True)
+    # from a file, export loads its own copy from the file (mapped, not serialized again)
+    source = model if args.model.startswith(_BUILTIN) else args.model
+    try:
+        written = export_to_dir(source, out_dir, target_opset=args.target_opset,
+                                keep_domains=tuple(args.keep_domain or ()))
+    except OSError as exc:
+        raise _write_error(out_dir, exc) from exc
+    if args.json:
+        print(json.dumps({"output": out_dir, "written": written, **_export_changes(model, written)},
+                         indent=2))
+        return EXIT_OK
+    for path in written.values():
         print(f"wrote {path}")
-    return 0
+    return EXIT_OK
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
-    from onnxforge.proto_ext.verify import check
+    from onnxforge.api import check
 
-    model, folder = _read_model(args.model)
-    violations = check(model, folder)
+    violations = check(_wire_source(args.model))
     if args.json:
         print(json.dumps([{"rule": v.rule, "path": v.path, "message": v.message} for v in violations],
                          indent=2))
@@ -152,13 +300,39 @@ def _cmd_verify(args: argparse.Namespace) -> int:
             print(f"{args.model}: OK")
         else:
             print(f"{args.model}: {len(violations)} violation(s)", file=sys.stderr)
-    return 1 if violations else 0
+    return EXIT_INVALID if violations else EXIT_OK
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from onnxforge.kernels_cy.cli_run import run_command
+
+    label = args.model
+    args.model = _load_ir(args.model, verified=True)
+    return run_command(args, label=label)
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
     from onnxforge.samples import run_demo
 
-    return run_demo(args.output)
+    return run_demo(_output_dir(args.output), out=sys.stdout)
+
+
+# ------------------------------------------------------------------------------ parser
+
+_EXAMPLES = {
+    "inspect": "onnxforge inspect builtin:decoder --values",
+    "verify": "onnxforge verify builtin:decoder",
+    "optimize": "onnxforge optimize builtin:decoder -o decoder.opt.onnx",
+    "export": "onnxforge export builtin:decoder -o decoder-standard --json",
+    "run": "onnxforge run builtin:decoder --threads 2 --json",
+    "demo": "onnxforge demo -o onnxforge-demo",
+}
+
+
+def _version() -> str:
+    from onnxforge import __version__
+
+    return f"onnxforge {__version__}"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -168,16 +342,33 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=__doc__,
     )
+    p.add_argument("--version", action="version", version=_version())
+    p.add_argument("--traceback", action="store_true",
+                   help="show the traceback of an error (errors are one line otherwise)")
+    # also accepted after the command; SUPPRESS keeps a value given before it
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--traceback", action="store_true", default=argparse.SUPPRESS,
+                        help="show the traceback of an error")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    insp = sub.add_parser("inspect", help="summarize a model")
+    def command(name: str, summary: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=summary, description=summary, parents=[common],
+                              formatter_class=argparse.RawDescriptionHelpFormatter,
+                              epilog=f"example:\n  {_EXAMPLES[name]}")
+
+    insp = command("inspect", "summarize a model")
     insp.add_argument("model", help="model path or builtin:decoder")
     insp.add_argument("--json", action="store_true", help="print JSON instead of text")
     insp.add_argument("--values", action="store_true",
                       help="also list every value's inferred (symbolic) type")
     insp.set_defaults(func=_cmd_inspect)
 
-    opt = sub.add_parser("optimize", help="run the optimization pipeline and save the result")
+    ver = command("verify", "check the static rules (exit 1 on violations)")
+    ver.add_argument("model", help="model path or builtin:decoder")
+    ver.add_argument("--json", action="store_true", help="print violations as JSON")
+    ver.set_defaults(func=_cmd_verify)
+
+    opt = command("optimize", "verify the model, run the optimization pipeline and save the result")
     opt.add_argument("model", help="model path or builtin:decoder")
     opt.add_argument("-o", "--output", required=True, help="output model path")
     opt.add_argument("--passes", help="comma-separated pass names (default: the default pipeline)")
@@ -186,32 +377,84 @@ def build_parser() -> argparse.ArgumentParser:
     opt.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     opt.set_defaults(func=_cmd_optimize)
 
-    exp = sub.add_parser("export", help="lower to standard ONNX and write a folder")
+    exp = command("export", "verify the model, lower it to standard ONNX and write a folder")
     exp.add_argument("model", help="model path or builtin:decoder")
-    exp.add_argument("-o", "--output", required=True, help="output folder")
+    exp.add_argument("-o", "--output", required=True, help="output folder (created if missing)")
     exp.add_argument("--target-opset", type=int, default=None, help="default opset to target")
     exp.add_argument("--keep-domain", action="append",
                      help="keep operators of this domain (e.g. com.microsoft for onnxruntime)")
+    exp.add_argument("--json", action="store_true",
+                     help="print what was written and what export changed as JSON")
     exp.set_defaults(func=_cmd_export)
 
-    ver = sub.add_parser("verify", help="check the static rules (exit 1 on violations)")
-    ver.add_argument("model", help="model path or builtin:decoder")
-    ver.add_argument("--json", action="store_true", help="print violations as JSON")
-    ver.set_defaults(func=_cmd_verify)
+    from onnxforge.kernels_cy.cli_run import SUMMARY as RUN_SUMMARY, add_run_parser
 
-    demo = sub.add_parser("demo", help="build the built-in stateful decoder and run the toolchain")
+    run = add_run_parser(sub, help=RUN_SUMMARY, description=RUN_SUMMARY, parents=[common],
+                         formatter_class=argparse.RawDescriptionHelpFormatter,
+                         epilog=f"example:\n  {_EXAMPLES['run']}")
+    run.set_defaults(func=_cmd_run)
+
+    demo = command("demo", "build the built-in stateful decoder and run the toolchain")
     demo.add_argument("-o", "--output", default="onnxforge-demo", help="output folder")
     demo.set_defaults(func=_cmd_demo)
     return p
 
 
+# -------------------------------------------------------------------------------- main
+
+
+def _report_error(exc: BaseException, show_traceback: bool) -> int:
+    """Print ``exc`` on stderr; return the exit status it stands for."""
+    if show_traceback:
+        traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
+    if isinstance(exc, VerificationError) and type(exc) is not VerificationError:
+        print(f"error: {exc}", file=sys.stderr)  # e.g. a pass broke an invariant (--debug)
+        return EXIT_INVALID
+    if isinstance(exc, VerificationError):
+        print(f"error: the model breaks {len(exc.violations)} static rule(s):", file=sys.stderr)
+        for v in exc.violations:
+            print(f"  {v}", file=sys.stderr)
+        return EXIT_INVALID
+    if isinstance(exc, ExportError) or (isinstance(exc, ExternalDataError) and exc.rule):
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_INVALID
+    if isinstance(exc, OnnxforgeError):
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if isinstance(exc, OSError):
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"error: {where}{exc.strerror or exc}", file=sys.stderr)
+        return EXIT_USAGE
+    print(f"error: unexpected {type(exc).__name__}: {exc}"
+          + ("" if show_traceback else " (run with --traceback to see where)"), file=sys.stderr)
+    return EXIT_USAGE
+
+
+def _silence_stdout() -> None:
+    """After a reader closed the pipe: send further output (and the final flush) nowhere."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # no real stdout (tests capture it): nothing to flush
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    show = bool(getattr(args, "traceback", False))
     try:
-        return args.func(args)
-    except OnnxforgeError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        status = args.func(args)
+        sys.stdout.flush()  # a closed pipe shows here, not at interpreter exit
+        return status
+    except BrokenPipeError:
+        _silence_stdout()  # ``... | head``: the reader has what it wanted
+        return EXIT_OK
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # the command line's boundary: one line, or the traceback
+        return _report_error(exc, show)
 
 
 if __name__ == "__main__":

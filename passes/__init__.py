@@ -1,7 +1,9 @@
 """passes layer: analyses and rewrites over the IR (see DESIGN.md).
 
 Pass framework (:mod:`.manager`), invariants and side-effect analysis
-(:mod:`.invariants`), and the passes that lose nothing: dead-code elimination,
+(:mod:`.invariants`), analyses as cached typed results (:mod:`.analysis`:
+shapes, aliases and effects in :mod:`.analyses`, :mod:`.liveness`,
+:mod:`.memplan`), and the passes that lose nothing: dead-code elimination,
 common-subexpression elimination, initializer deduplication, identity
 elimination, topological sort, constant folding, local-function inlining,
 value renaming and declarative rewrite rules. ``optimize(model)`` runs the
@@ -11,7 +13,32 @@ default pipeline. Helpers the passes and the export share: :mod:`.domains`
 """
 from __future__ import annotations
 
-from onnxforge.passes.analyses import AliasAnalysisPass, ShapeInferencePass, alias_roots
+if __name__ != "onnxforge.passes":  # the folder imported under its bare name
+    raise ImportError(
+        f"the layer folder passes/ was imported as {__name__!r}: import onnxforge.passes "
+        "instead, after `pip install -e .` at the repository root"
+    )
+
+from onnxforge.passes.analyses import (
+    AliasAnalysis,
+    AliasAnalysisPass,
+    AliasRoots,
+    EffectsAnalysis,
+    ShapeInferencePass,
+    ShapesAnalysis,
+    alias_roots,
+)
+from onnxforge.passes.analysis import (
+    ALL,
+    Analysis,
+    AnalysisError,
+    AnalysisManager,
+    get_analysis,
+    list_analyses,
+    register_analysis,
+)
+from onnxforge.passes.liveness import Liveness, LivenessAnalysis, ModelLiveness, liveness
+from onnxforge.passes.memplan import MemoryPlan, MemoryPlanAnalysis, memory_plan
 from onnxforge.passes.cse import (
     CommonSubexpressionEliminationPass,
     eliminate_common_subexpressions,
@@ -26,8 +53,8 @@ from onnxforge.passes.fold import (
 )
 from onnxforge.passes.identity import IdentityEliminationPass, eliminate_identities
 from onnxforge.passes.inline import InlineError, InlinePass, inline_functions
+from onnxforge.passes.effects import Effects, effect_analysis
 from onnxforge.passes.invariants import (
-    EffectAnalysis,
     InvariantError,
     check_invariants,
     ir_violations,
@@ -65,11 +92,38 @@ from onnxforge.passes.rewrite import (
     apply_rules,
 )
 from onnxforge.passes.topo import CycleError, TopologicalSortPass, topological_sort
+from onnxforge.passes.shape_fold import ShapeFoldPass, fold_shapes
+from onnxforge.passes.if_inline import IfInlinePass, inline_constant_ifs
+from onnxforge.passes.fusion import (
+    FUSION_RULES,
+    FusionPass,
+    SliceSplitPass,
+    fuse,
+    merge_complementary_slices,
+)
 
 __all__ = [
+    "ALL",
+    "AliasAnalysis",
     "AliasAnalysisPass",
+    "AliasRoots",
+    "Analysis",
+    "AnalysisError",
+    "AnalysisManager",
+    "EffectsAnalysis",
+    "Liveness",
+    "LivenessAnalysis",
+    "MemoryPlan",
+    "MemoryPlanAnalysis",
+    "ModelLiveness",
     "ShapeInferencePass",
+    "ShapesAnalysis",
     "alias_roots",
+    "get_analysis",
+    "list_analyses",
+    "liveness",
+    "memory_plan",
+    "register_analysis",
     "DEFAULT_PIPELINE",
     "DEFAULT_RULES",
     "Capture",
@@ -79,7 +133,8 @@ __all__ = [
     "CycleError",
     "DeadCodeEliminationPass",
     "DeduplicateInitializersPass",
-    "EffectAnalysis",
+    "Effects",
+    "effect_analysis",
     "IdentityEliminationPass",
     "InlineError",
     "InlinePass",
@@ -120,4 +175,13 @@ __all__ = [
     "rename_value",
     "replace_value",
     "topological_sort",
+    "FUSION_RULES",
+    "FusionPass",
+    "IfInlinePass",
+    "ShapeFoldPass",
+    "SliceSplitPass",
+    "fold_shapes",
+    "merge_complementary_slices",
+    "fuse",
+    "inline_constant_ifs",
 ]

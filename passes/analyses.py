@@ -1,32 +1,148 @@
-"""Analyses as passes: whole-model shape inference and alias equivalence.
+"""Shape inference, alias equivalence and effects as typed analyses, and the two
+analysis passes.
 
-``shape_inference`` runs :class:`~onnxforge.graphbuilder.shapes.ShapesContext`
-over the main graph (control-flow bodies and local-function call sites
-included) and writes every inferred type to ``Value.type``; symbolic dims stay
-symbolic (``past + seq``).
+Registered analyses (read them with ``AnalysisManager.get(name)``, or
+``self.analyses.get(name)`` inside a pass):
 
-``alias_analysis`` resolves every alias of the model as the mutable-cache
-specification describes: MUST_ALIAS ports to names, ``alias_of`` checked
-against the port, input and output types merged (incompatible element types,
-ranks or dimensions and cycles raise :class:`ShapeError`), and each value's
-alias root recorded in ``value.meta["alias_root"]`` for memory planning.
-Neither analysis changes the graph's structure.
+* ``shapes`` (:class:`ShapesAnalysis`): a
+  :class:`~onnxforge.graphbuilder.shapes.ShapesContext` inferred over the main
+  graph (control-flow bodies and local-function call sites included), symbolic
+  dims kept; it does not write ``Value.type``;
+* ``aliases`` (:class:`AliasAnalysis`): :class:`AliasRoots`, every aliased value
+  mapped to its storage owner, resolved as the mutable-cache specification
+  describes (MUST_ALIAS ports to names, ``alias_of`` checked against the port,
+  input and output types merged in the ``shapes`` context; incompatible element
+  types, ranks or dimensions and cycles raise :class:`ShapeError`);
+* ``effects`` (:class:`EffectsAnalysis`): the model's
+  :class:`~onnxforge.passes.effects.Effects` (roots, storage versions, in-place
+  writers, state, side effects).
+
+Passes: ``shape_inference`` writes every inferred type to ``Value.type``;
+``alias_analysis`` checks the aliases and leaves :class:`AliasRoots` in the
+pass manager's cache. Neither changes the graph's structure.
 
 Before / after (``alias_analysis``)::
 
-    upd = CacheUpdate(cache, v, p)        upd.meta["alias_root"] is cache
+    upd = CacheUpdate(cache, v, p)        analyses.get("aliases").root(upd) is cache
     out = Identity(upd)                   (cache: FLOAT[1, 2, cap, 8] learned by upd too)
 """
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Hashable, Iterator, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
 
 from onnxforge.graphbuilder.ir import Model, Value
-from onnxforge.graphbuilder.shapes import ShapesContext
+from onnxforge.graphbuilder.shapes import ShapeError, ShapesContext
+from onnxforge.passes.analysis import Analysis, AnalysisManager, register_analysis
+from onnxforge.passes.effects import Effects, effect_analysis
 from onnxforge.passes.invariants import containers
 from onnxforge.passes.manager import Pass, PassResult, register_pass
 
-__all__ = ["ShapeInferencePass", "AliasAnalysisPass", "alias_roots"]
+__all__ = [
+    "AliasAnalysis",
+    "AliasAnalysisPass",
+    "AliasRoots",
+    "EffectsAnalysis",
+    "ShapeInferencePass",
+    "ShapesAnalysis",
+    "alias_roots",
+]
+
+
+# ----------------------------------------------------------------------------- analyses
+
+
+@register_analysis
+class ShapesAnalysis(Analysis[ShapesContext]):
+    """Inferred types of the whole model, kept in a context (the IR is not written)."""
+
+    name = "shapes"
+
+    def compute(self, model: Model, analyses: AnalysisManager) -> ShapesContext:
+        return ShapesContext(model, write_back=False, strict=False).infer_graph()
+
+    def fingerprint(self, result: ShapesContext) -> Hashable:
+        return frozenset((id(v), str(t)) for v, t in result.values())
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class AliasRoots:
+    """Every aliased value of a model mapped to its root (the storage owner)."""
+
+    roots: Mapping[Value, Value]
+
+    def root(self, v: Value) -> Value:
+        """The storage owner of ``v`` (``v`` itself when it aliases nothing)."""
+        return self.roots.get(v, v)
+
+    def is_aliased(self, v: Value) -> bool:
+        return v in self.roots
+
+    def members(self, root: Value) -> tuple[Value, ...]:
+        """The values whose root is ``root`` (``root`` excluded)."""
+        return tuple(v for v, r in self.roots.items() if r is root)
+
+
+@register_analysis
+class AliasAnalysis(Analysis[AliasRoots]):
+    """Alias roots, checked and type-merged in the ``shapes`` context."""
+
+    name = "aliases"
+
+    def compute(self, model: Model, analyses: AnalysisManager) -> AliasRoots:
+        ctx: ShapesContext = analyses.get(ShapesAnalysis, model)
+        return AliasRoots(MappingProxyType(_resolve(model, ctx)))
+
+    def fingerprint(self, result: AliasRoots) -> Hashable:
+        return frozenset((id(v), id(r)) for v, r in result.roots.items())
+
+
+@register_analysis
+class EffectsAnalysis(Analysis[Effects]):
+    """The model's :class:`~onnxforge.passes.effects.Effects`."""
+
+    name = "effects"
+
+    def compute(self, model: Model, analyses: AnalysisManager) -> Effects:
+        return effect_analysis(model)
+
+    def fingerprint(self, result: Effects) -> Hashable:
+        """Roots and versions of the aliased values (writers and side effects follow them)."""
+        return frozenset((id(v), id(r), result.version(v)) for v, r in result.aliased().items())
+
+
+def _aliasable_values(model: Model) -> Iterator[Value]:
+    """Inputs and node outputs of every graph, subgraph and function body (initializers
+    never alias)."""
+    for c in containers(model):
+        yield from c.inputs
+        for n in c:
+            yield from n.outputs
+
+
+def _resolve(model: Model, ctx: ShapesContext) -> dict[Value, Value]:
+    out: dict[Value, Value] = {}
+    for v in _aliasable_values(model):
+        root = ctx.alias_root(v)
+        if root is v and v.aliased_input() is not None:
+            raise ShapeError(f"value {v.name!r} aliases {v.aliased_input().name!r} but its alias chain "
+                             f"ends nowhere (a cycle, or branches that disagree: rules L5, L10)")
+        if root is not v:
+            ctx.add_alias(v, root, f"alias of {v.name!r}")
+            out[v] = root
+    return out
+
+
+def alias_roots(model: Model, ctx: ShapesContext | None = None) -> dict[Value, Value]:
+    """Every aliased value mapped to its root; merges their types (into the IR too when
+    ``ctx`` writes back, as the default context does)."""
+    ctx = ctx or ShapesContext(model, strict=False)
+    ctx.infer_graph(model.graph)
+    return _resolve(model, ctx)
+
+
+# ----------------------------------------------------------------------------- passes
 
 
 def _snapshot(model: Model) -> list[object]:
@@ -35,9 +151,13 @@ def _snapshot(model: Model) -> list[object]:
 
 @register_pass
 class ShapeInferencePass(Pass):
-    """Infer every value's type (symbolic shapes) into ``Value.type``."""
+    """Infer every value's type (symbolic shapes) into ``Value.type``.
+
+    Writing types changes no structure: only the ``shapes`` analysis (and what was
+    computed from it) is dropped when types change."""
 
     name = "shape_inference"
+    invalidates = ("shapes",)
 
     def __init__(self, strict: bool = False):
         self.strict = strict
@@ -50,38 +170,14 @@ class ShapeInferencePass(Pass):
         return PassResult(model, changed)
 
 
-def _aliasable_values(model: Model) -> Iterator[Value]:
-    """Inputs and node outputs of every graph, subgraph and function body (initializers
-    never alias)."""
-    for c in containers(model):
-        yield from c.inputs
-        for n in c:
-            yield from n.outputs
-
-
-def alias_roots(model: Model, ctx: ShapesContext | None = None) -> dict[Value, Value]:
-    """Every aliased value mapped to its root (the storage owner); merges their types."""
-    ctx = ctx or ShapesContext(model, strict=False)
-    ctx.infer_graph(model.graph)
-    out: dict[Value, Value] = {}
-    for v in _aliasable_values(model):
-        root = ctx.alias_root(v)
-        if root is not v:
-            ctx.add_alias(v, root, f"alias of {v.name!r}")
-            out[v] = root
-    return out
-
-
 @register_pass
 class AliasAnalysisPass(Pass):
-    """Resolve aliases, merge aliased types, record ``value.meta["alias_root"]``."""
+    """Resolve and check aliases; the typed :class:`AliasRoots` stays in the pass
+    manager's cache (analysis ``aliases``). The model is not changed."""
 
     name = "alias_analysis"
 
     def call(self, model: Model) -> PassResult:
-        roots = alias_roots(model)
-        for v in _aliasable_values(model):
-            v.meta.pop("alias_root", None)
-        for v, root in roots.items():
-            v.meta["alias_root"] = root
+        analyses = self.analyses if self.analyses is not None else AnalysisManager(model)
+        analyses.get(AliasAnalysis, model)
         return PassResult(model, False)

@@ -33,7 +33,8 @@ from onnx import TensorProto
 
 from onnxforge.graphbuilder.ir import Attr, AttrType, Function, Graph, Model, Node
 from onnxforge.graphbuilder.tensors import Tensor
-from onnxforge.passes.invariants import EffectAnalysis, is_nondeterministic
+from onnxforge.passes.effects import effect_analysis
+from onnxforge.passes.invariants import is_nondeterministic
 from onnxforge.passes.manager import Pass, PassResult, register_pass
 from onnxforge.passes.rename import can_replace, erase_node, replace_value
 
@@ -113,7 +114,7 @@ def _same_tensors(a: Node, b: Node) -> bool:
 
 class _CSE:
     def __init__(self, model: Model):
-        self.effects = EffectAnalysis(model)
+        self.effects = effect_analysis(model)
         self.removed = 0
 
     def run(self, c: Graph | Function, table: MutableMapping[tuple, Node]) -> None:

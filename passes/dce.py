@@ -24,7 +24,8 @@ from __future__ import annotations
 
 from onnxforge.graphbuilder.ir import Function, Graph, Model, Node
 from onnxforge.passes.domains import is_default_domain
-from onnxforge.passes.invariants import EffectAnalysis, called_functions, containers
+from onnxforge.passes.effects import Effects, effect_analysis
+from onnxforge.passes.invariants import called_functions, containers
 from onnxforge.passes.manager import Pass, PassResult, register_pass
 from onnxforge.passes.rename import erase_node
 
@@ -33,7 +34,7 @@ __all__ = ["DeadCodeEliminationPass", "eliminate_dead_code"]
 Container = Graph | Function
 
 
-def _dead(node: Node, outputs: set[int], effects: EffectAnalysis) -> bool:
+def _dead(node: Node, outputs: set[int], effects: Effects) -> bool:
     outs = node.outputs
     if not outs and not is_default_domain(node.domain):
         return False  # an output-less custom operator exists for what it does
@@ -43,7 +44,7 @@ def _dead(node: Node, outputs: set[int], effects: EffectAnalysis) -> bool:
     return not effects.has_side_effects(node)
 
 
-def _sweep(c: Container, effects: EffectAnalysis) -> int:
+def _sweep(c: Container, effects: Effects) -> int:
     for n in c:
         if n.attributes:
             for sg in n.subgraphs():
@@ -91,7 +92,7 @@ def _unused_functions(model: Model) -> int:
 def eliminate_dead_code(model: Model, *, remove_encoded_initializers: bool = False,
                         remove_functions: bool = True) -> int:
     """Remove dead nodes, unused initializers and unused local functions; returns how many."""
-    effects = EffectAnalysis(model)
+    effects = effect_analysis(model)
     removed = _sweep(model.graph, effects)
     for fn in model.functions.values():
         removed += _sweep(fn, effects)

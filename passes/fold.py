@@ -21,6 +21,11 @@ Before / after::
       t = Add(c, s)                      y = Mul(x, t)
       y = Mul(x, t)
 
+A payload is never duplicated across scopes: a node of a control-flow body
+folded from outer constants leaves its result in the innermost graph that
+defines one of its inputs, and an equal node (same operator, attributes and
+input values) elsewhere in that graph's bodies reads that same result.
+
 One walk in node order: folding a node makes its consumers foldable when they
 are visited (topological order), so the pass is O(N) evaluations.
 """
@@ -43,7 +48,8 @@ from onnxforge.graphbuilder.ir import (
 )
 from onnxforge.graphbuilder.tensors import EncodedTensor, Tensor, onnx_dtype
 from onnxforge.passes.domains import DEFAULT_DOMAINS, imported_version, opsets_in_scope
-from onnxforge.passes.invariants import EffectAnalysis, is_nondeterministic
+from onnxforge.passes.effects import effect_analysis
+from onnxforge.passes.invariants import is_nondeterministic
 from onnxforge.passes.manager import Pass, PassResult, check_int_option, register_pass
 from onnxforge.passes.records import copy_tensor
 from onnxforge.passes.rename import erase_node
@@ -251,14 +257,16 @@ def _predicted_elements(node: Node, arrays: list[np.ndarray | None]) -> int | No
 
 class _Folder:
     def __init__(self, model: Model, *, fold: bool, lift: bool, max_output_bytes: int,
-                 max_input_bytes: int):
+                 max_input_bytes: int, max_growth_bytes: int = 1024):
         self.model = model
-        self.effects = EffectAnalysis(model)
+        self.effects = effect_analysis(model)
         self.fold = fold
         self.lift = lift
         self.max_output_bytes = max_output_bytes
         self.max_input_bytes = max_input_bytes
+        self.max_growth_bytes = max_growth_bytes
         self.changed = 0
+        self.memo: dict[tuple[Any, ...], list[Value | None]] = {}
 
     def run(self, c: Container) -> None:
         for n in c:
@@ -276,20 +284,104 @@ class _Folder:
             if self.fold:
                 self.try_fold(c, n)
 
+    def _home(self, c: Container, node: Node) -> Container:
+        """Where ``node``'s folded results go: the innermost graph that defines one of its
+        inputs (an ancestor of ``c``, or ``c``), so that one node of each branch of an ``If``
+        folding the same outer weight makes one initializer, not one per branch."""
+        if not isinstance(c, Graph) or c.parent is None or any(c.is_output(o) for o in node.outputs):
+            return c
+        depth: dict[int, int] = {}
+        g: Graph | None = c
+        k = 0
+        while isinstance(g, Graph):
+            depth[id(g)] = k
+            k += 1
+            owner = g.parent
+            g = owner.graph if owner is not None and isinstance(owner.graph, Graph) else None
+        best: Graph | None = None
+        for v in node.inputs:
+            if v is None:
+                continue
+            p = v.producer()
+            d = p.graph if p is not None else v.graph
+            if not isinstance(d, Graph) or id(d) not in depth:
+                return c
+            if best is None or depth[id(d)] < depth[id(best)]:
+                best = d
+        return c if best is None else best
+
+    def _grows(self, node: Node, added: int) -> bool:
+        """Whether folding ``node`` would grow the model's payload by more than
+        ``max_growth_bytes``: its results minus the constants that nobody would
+        read afterwards (read only by ``node`` and by equal nodes, which fold to the same
+        result)."""
+        if added <= self.max_growth_bytes:
+            return False
+        mine = self._key(node, None)
+        freed = 0
+        seen: set[int] = set()
+        for v in node.inputs:
+            if v is None or id(v) in seen:
+                continue
+            seen.add(id(v))
+            if v.is_graph_output() or (v.graph is not None and v.is_graph_input()):
+                continue
+            if mine is not None and all(self._key(u, None) == mine for u, _ in v.uses()):
+                arr = constant_value(v)
+                freed += 0 if arr is None else arr.nbytes
+        return added - freed > self.max_growth_bytes
+
+    @staticmethod
+    def _key(node: Node, home: Container | None) -> tuple[Any, ...] | None:
+        """Identity of a fold (operator, attributes, the very input values), or None."""
+        attrs = []
+        for name, a in sorted(node.attributes.items()):
+            v = a.value
+            if isinstance(v, list):
+                v = tuple(v)
+            if not isinstance(v, (int, float, str, bytes, tuple)) or a.ref_attr_name:
+                return None
+            attrs.append((name, a.type, v))
+        return (id(home) if home is not None else 0, node.domain, node.op_type, node.overload, tuple(node.inputs), tuple(attrs))
+
+    def _reuse(self, c: Container, node: Node) -> bool:
+        """Point ``node``'s outputs at the results of an equal fold made earlier."""
+        home = self._home(c, node)
+        if home is c:
+            return False
+        key = self._key(node, home)
+        hit = self.memo.get(key) if key is not None else None
+        if hit is None or len(hit) != len(node.outputs):
+            return False
+        for old, new in zip(node.outputs, hit):
+            if new is None and (old.num_uses() or c.is_output(old)):
+                return False
+        for old, new in zip(node.outputs, hit):
+            if new is not None:
+                old.replace_all_uses_with(new, outputs=False)
+        erase_node(node)
+        self.changed += 1
+        return True
+
     def _replace(self, c: Container, node: Node, results: Sequence[Tensor | None]) -> None:
         """Replace ``node``'s outputs by constants (initializers, or Constant nodes in functions)."""
+        home = self._home(c, node)
+        key = self._key(node, home) if home is not c else None
+        made: list[Value | None] = []
         for old, t in zip(node.outputs, results):
             if t is None or (not old.name and not old.num_uses()):
+                made.append(None)
                 continue
             new = Value(old.name, TensorType(t.dtype, t.dims), doc_string=old.doc_string)
             new.metadata.update(old.metadata)
-            new.has_value_info = old.has_value_info
+            new.has_value_info = old.has_value_info and home is c
             if c.is_output(old) and old.type is not None:
                 new.type = old.type
             old.name = ""
             old.replace_all_uses_with(new, outputs=True)
-            if isinstance(c, Graph):
-                c.add_initializer(new, t)
+            made.append(new)
+            if isinstance(home, Graph):
+                home.add_initializer(new, t)
             else:
                 c.insert_before(node, Node("", "Constant", [], [new], name=new.name,
                                            attributes=[Attr("value", AttrType.TENSOR, t)]))
@@ -298,6 +390,8 @@ class _Folder:
             if (p is not None and p.op_type == "Constant" and p.graph is c and not v.num_uses()
                     and not c.is_output(v)):
                 erase_node(p)
+        if key is not None:
+            self.memo[key] = made
         self.changed += 1
 
     def lift_constant(self, g: Graph, node: Node) -> None:
@@ -330,6 +424,8 @@ class _Folder:
             arrays.append(a)
         if total > self.max_input_bytes:
             return
+        if self._reuse(c, n):
+            return
         predicted = _predicted_elements(n, arrays)
         widest = max((a.dtype.itemsize for a in arrays if a is not None), default=8)
         if predicted is None or predicted * widest > 2 * self.max_output_bytes:
@@ -347,6 +443,8 @@ class _Folder:
             if not isinstance(r, np.ndarray) or not _numeric(r) or r.nbytes > self.max_output_bytes:
                 return
             tensors.append(Tensor.from_numpy(np.ascontiguousarray(r)))
+        if self._grows(n, sum(r.nbytes for r in results)):
+            return
         self._replace(c, n, tensors)
 
 
@@ -359,10 +457,14 @@ def _run(model: Model, **options: Any) -> int:
 
 
 def fold_constants(model: Model, *, lift: bool = True, max_output_bytes: int = 1 << 24,
-                   max_input_bytes: int = 1 << 26) -> int:
-    """Fold constant nodes (and lift Constant nodes with ``lift``); returns how many nodes went."""
+                   max_input_bytes: int = 1 << 26, max_growth_bytes: int = 1024) -> int:
+    """Fold constant nodes (and lift Constant nodes with ``lift``); returns how many nodes went.
+
+    A fold whose results are larger, by more than ``max_growth_bytes``, than the constants it
+    leaves unread is not made: folding never makes a model file grow by more than that per
+    node (``Transpose(W)`` of a weight ``W`` that other nodes read stays a node)."""
     return _run(model, fold=True, lift=lift, max_output_bytes=max_output_bytes,
-                max_input_bytes=max_input_bytes)
+                max_input_bytes=max_input_bytes, max_growth_bytes=max_growth_bytes)
 
 
 def lift_constants(model: Model) -> int:
@@ -376,23 +478,28 @@ class ConstantFoldingPass(Pass):
 
     ``max_output_bytes`` (default 16 MiB) bounds each folded result,
     ``max_input_bytes`` (default 64 MiB) the constant inputs read by one node;
-    ``lift`` (default True) turns Constant nodes of graphs into initializers.
+    ``lift`` (default True) turns Constant nodes of graphs into initializers;
+    ``max_growth_bytes`` (default 1 KiB) bounds the payload a fold may add beyond the
+    constants it leaves unread.
     """
 
     name = "constant_folding"
     runs_after = ("inline",)
 
     def __init__(self, *, lift: bool = True, max_output_bytes: int = 1 << 24,
-                 max_input_bytes: int = 1 << 26):
+                 max_input_bytes: int = 1 << 26, max_growth_bytes: int = 1024):
         check_int_option(self.name, "max_output_bytes", max_output_bytes, 0)
         check_int_option(self.name, "max_input_bytes", max_input_bytes, 0)
+        check_int_option(self.name, "max_growth_bytes", max_growth_bytes, 0)
+        self.max_growth_bytes = max_growth_bytes
         self.lift = lift
         self.max_output_bytes = max_output_bytes
         self.max_input_bytes = max_input_bytes
 
     def call(self, model: Model) -> PassResult:
         n = fold_constants(model, lift=self.lift, max_output_bytes=self.max_output_bytes,
-                           max_input_bytes=self.max_input_bytes)
+                           max_input_bytes=self.max_input_bytes,
+                           max_growth_bytes=self.max_growth_bytes)
         return PassResult(model, n > 0)
 
 

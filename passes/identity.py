@@ -17,11 +17,19 @@ Before / after::
       u = CacheUpdate(cache, v, p)      present = CacheUpdate(cache, v, p)
       present = Identity(u)             (present.alias_of = cache; binding kept)
 
+An Identity whose input is a version written in place later (``y = Identity(cache)``
+read after ``CacheUpdate(cache, ...)``) stays: forwarding it would make a reader of
+``cache`` depend on the write (rule L13); a backend materializes ``y`` before the
+write instead.
+
 One walk over the nodes of each graph, subgraph and function body: O(N).
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from onnxforge.graphbuilder.ir import Function, Graph, Model
+from onnxforge.graphbuilder.storage import Storage
 from onnxforge.passes.domains import is_default_domain
 from onnxforge.passes.invariants import containers
 from onnxforge.passes.manager import Pass, PassResult, register_pass
@@ -29,7 +37,7 @@ from onnxforge.passes.rename import erase_node, replace_value
 
 __all__ = ["IdentityEliminationPass", "eliminate_identities"]
 
-def _eliminate(c: Graph | Function) -> int:
+def _eliminate(c: Graph | Function, storage: Callable[[], Storage]) -> int:
     removed = 0
     for n in c:
         if n.op_type != "Identity" or not is_default_domain(n.domain) or len(n.outputs) != 1:
@@ -38,7 +46,7 @@ def _eliminate(c: Graph | Function) -> int:
         if len(ins) != 1 or ins[0] is None or n.output_alias:
             continue
         y, x = n.outputs[0], ins[0]
-        if y.alias_of is not None and y.alias_of is not x.alias_root() and y.alias_of is not x:
+        if y.alias_of is not None and y.alias_of is not x and y.alias_of is not storage().root(x):
             continue
         if replace_value(y, x):
             erase_node(n)
@@ -48,7 +56,14 @@ def _eliminate(c: Graph | Function) -> int:
 
 def eliminate_identities(model: Model) -> int:
     """Remove every Identity node that can go; returns how many were removed."""
-    return sum(_eliminate(c) for c in list(containers(model)))
+    made: list[Storage] = []
+
+    def storage() -> Storage:  # built once, only for an Identity that declares alias_of
+        if not made:
+            made.append(Storage(model))
+        return made[0]
+
+    return sum(_eliminate(c, storage) for c in list(containers(model)))
 
 
 @register_pass

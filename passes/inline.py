@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from functools import cache, partial
 
-from onnxforge.errors import OnnxforgeError
+from onnxforge.proto_ext.errors import OnnxforgeError
 from onnxforge.graphbuilder.ir import (
     Attr,
     AttrType,

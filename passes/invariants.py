@@ -10,27 +10,22 @@ Two families of checks run between passes in debug mode
   topological order with lexical scoping (a subgraph sees outer values defined
   before its owner node), bindings and aliases that name live values.
 
-:class:`EffectAnalysis` answers "may this node be removed, merged or moved?"
-once per pass in O(N): a node writing a READ_WRITE input (a MUST_ALIAS port),
-producing a bound or aliased output, calling a local function that does, or
-owning a subgraph that does, has side effects. The walks the passes share live
-here too: :func:`containers` (every graph and function body), :func:`owner_in`,
-:func:`called_functions` (the local functions some code calls).
+Side effects ("may this node be removed, merged or moved?") are answered by
+:func:`onnxforge.passes.effects.effect_analysis`, from the one alias
+resolution. The walks the passes share live here: :func:`containers` (every
+graph and function body), :func:`owner_in`, :func:`called_functions` (the local
+functions some code calls), and :func:`is_nondeterministic`.
 
 Example::
 
     violations = check_invariants(model)      # [] when the model is sound
-    effects = EffectAnalysis(model)
-    keep = [n for n in model.graph if effects.has_side_effects(n)]
 """
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
-from onnxforge.errors import VerificationError, Violation
+from onnxforge.proto_ext.errors import VerificationError, Violation
 from onnxforge.graphbuilder.ir import (
-    MUST_ALIAS,
-    READ_WRITE,
     Function,
     Graph,
     Model,
@@ -41,7 +36,6 @@ from onnxforge.graphbuilder.tensors import EncodedTensor
 
 __all__ = [
     "NONDETERMINISTIC_OPS",
-    "EffectAnalysis",
     "InvariantError",
     "called_functions",
     "check_invariants",
@@ -156,73 +150,6 @@ def owner_in(node: Node, container: Container) -> Node | None:
     return None
 
 
-class EffectAnalysis:
-    """Side-effect facts of a model, computed lazily and memoized (O(N) in total)."""
-
-    def __init__(self, model: Model):
-        self.model = model
-        self._bound: dict[int, set[int]] = {}
-        self._functions: dict[tuple[str, str, str], bool] = {}
-        self._graphs: dict[int, bool] = {}
-
-    def bound_outputs(self, graph: Container | None) -> set[int]:
-        """``id`` of the outputs of ``graph`` that feed a persistent binding."""
-        if not isinstance(graph, Graph) or not graph.bindings:
-            return set()
-        key = id(graph)
-        got = self._bound.get(key)
-        if got is None:
-            got = {id(o) for _, o in graph.bindings}
-            self._bound[key] = got
-        return got
-
-    def has_side_effects(self, node: Node) -> bool:
-        """Writes a READ_WRITE value, feeds a binding or an alias, or calls/owns such code."""
-        for a in node.output_alias:
-            if a.kind == MUST_ALIAS:
-                return True
-        g = node.graph
-        bound = self.bound_outputs(g) if isinstance(g, Graph) and g.bindings else None
-        for o in node.outputs:
-            if o.alias_of is not None or (bound and id(o) in bound):
-                return True
-        functions = self.model.functions
-        if functions:
-            fn = functions.get((node.domain, node.op_type, node.overload))
-            if fn is not None and self.function_has_side_effects(fn):
-                return True
-        if node.attributes:
-            for sg in node.subgraphs():
-                if self._graph_has_side_effects(sg):
-                    return True
-        return False
-
-    def function_has_side_effects(self, fn: Function) -> bool:
-        key = fn.id
-        got = self._functions.get(key)
-        if got is not None:
-            return got
-        self._functions[key] = False  # recursion guard: a cycle adds no effect
-        result = any(v.access == READ_WRITE for v in fn.inputs) or any(
-            v.alias_of is not None for v in fn.outputs) or any(
-            self.has_side_effects(n) for n in fn)
-        self._functions[key] = result
-        return result
-
-    def _graph_has_side_effects(self, graph: Graph) -> bool:
-        key = id(graph)
-        got = self._graphs.get(key)
-        if got is None:
-            self._graphs[key] = False
-            got = any(self.has_side_effects(n) for n in graph)
-            self._graphs[key] = got
-        return got
-
-    def is_pure(self, node: Node) -> bool:
-        """Deterministic and free of side effects: may be merged, folded or dropped."""
-        return not is_nondeterministic(node) and not self.has_side_effects(node)
-
-
 # ----------------------------------------------------------------------------- IR checks
 
 
@@ -335,10 +262,10 @@ class _Checker:
         if isinstance(c, Graph):
             ins = {id(v) for v in c.inputs}
             outs = {id(v) for v in c.outputs}
-            for k, (i, o) in enumerate(c.bindings):
-                if id(i) not in ins:
+            for k, (bound, o) in enumerate(c.bindings):
+                if id(bound) not in ins:
                     self.add("IR-BIND", f"{path}.persistent_bindings[{k}]",
-                             f"input end {i.name!r} is not a graph input")
+                             f"input end {bound.name!r} is not a graph input")
                 if id(o) not in outs:
                     self.add("IR-BIND", f"{path}.persistent_bindings[{k}]",
                              f"output end {o.name!r} is not a graph output")

@@ -12,6 +12,18 @@ built, never kept in comments:
 * ``runs_before``: if the other pass is in the pipeline, the first run of this
   one comes before every run of the other (set-up passes go first).
 
+Analyses (:mod:`.analysis`) are typed results the manager caches. A pass reads
+them through its ``analyses`` attribute (``self.analyses.get("liveness")``),
+which the manager sets before ``call``; a pass run alone gets a fresh
+:class:`~onnxforge.passes.analysis.AnalysisManager` for the duration of its call.
+After a pass reports ``modified=True`` the manager drops every cached analysis
+the pass ``invalidates`` (:data:`~onnxforge.passes.analysis.ALL` by default,
+so a new pass is safe without declaring anything) except those it
+``preserves``, so a stale result is never read. ``invalidates`` may also name
+passes: a pass that ``requires`` one of them must not come after it with
+nothing in between (checked when the pipeline is built; :data:`ALL` names
+analyses only, never breaks a ``requires``).
+
 ::
 
     @register_pass
@@ -25,13 +37,16 @@ built, never kept in comments:
 
     pm = PassManager(["topological_sort", "cse", "dce"], debug=True)
     result = pm(model)              # PassResult(model, modified)
-    print(pm.report())              # per-pass timings
+    print(pm.report())              # per-pass timings and node counts (all graphs)
+    live = pm.analyses.get("liveness")   # results still valid for the rewritten model
 
 With ``debug=True`` the manager checks the model's invariants (the static rules
 of ``proto_ext.verify.check`` plus the IR's SSA, def-use and topological order)
 before the first pass and after every pass, and raises
 :class:`~onnxforge.passes.invariants.InvariantError` naming the pass that broke
-them and the passes that ran before it.
+them and the passes that ran before it; it also checks that every analysis
+still cached after a pass equals a fresh computation (:class:`PassError` naming
+the pass otherwise).
 """
 from __future__ import annotations
 
@@ -42,11 +57,13 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from onnxforge.errors import OnnxforgeError
+from onnxforge.proto_ext.errors import OnnxforgeError
 from onnxforge.graphbuilder.ir import Model
-from onnxforge.passes.invariants import InvariantError, check_invariants
+from onnxforge.passes.analysis import ALL, AllAnalyses, AnalysisManager
+from onnxforge.passes.invariants import InvariantError, check_invariants, containers
 
 __all__ = [
+    "ALL",
     "Pass",
     "PassError",
     "PassManager",
@@ -90,13 +107,21 @@ class PassRecord:
 
 
 class Pass:
-    """Base class of passes. Subclasses set ``name`` and implement :meth:`call`."""
+    """Base class of passes. Subclasses set ``name`` and implement :meth:`call`.
+
+    ``invalidates``: the analyses (and passes, for ``requires``) a change by this
+    pass breaks, :data:`ALL` by default; ``preserves``: analyses that stay valid
+    whatever ``invalidates`` says. ``analyses``: the analysis manager to read
+    from during :meth:`call` (set by the pass manager, or fresh for a lone run).
+    """
 
     name: str = ""
     requires: tuple[str, ...] = ()
-    invalidates: tuple[str, ...] = ()
+    invalidates: tuple[str, ...] | AllAnalyses = ALL
+    preserves: tuple[str, ...] | AllAnalyses = ()
     runs_after: tuple[str, ...] = ()
     runs_before: tuple[str, ...] = ()
+    analyses: AnalysisManager | None = None
 
     def call(self, model: Model) -> PassResult:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -104,7 +129,13 @@ class Pass:
     def __call__(self, model: Model) -> PassResult:
         if not isinstance(model, Model):
             raise PassError(f"pass {self.name!r} expects an onnxforge IR Model, got {type(model).__name__}")
-        result = self.call(model)
+        given = self.analyses
+        if given is None or given.model is not model:
+            self.analyses = AnalysisManager(model)  # a lone run: fresh results
+        try:
+            result = self.call(model)
+        finally:
+            self.analyses = given
         if not isinstance(result, PassResult):
             raise PassError(f"pass {self.name!r} returned {type(result).__name__}, not a PassResult")
         if result.model is not model:
@@ -157,7 +188,14 @@ def list_passes() -> list[str]:
 
 
 def _node_count(model: Model) -> int:
-    return len(model.graph) + sum(len(f) for f in model.functions.values())
+    """Nodes in every graph of ``model``: the main graph, control-flow bodies, local
+    functions and their bodies."""
+    return sum(len(c) for c in containers(model))
+
+
+def _named(declared: tuple[str, ...] | AllAnalyses) -> tuple[str, ...]:
+    """The names an ``invalidates`` lists explicitly (:data:`ALL` names only analyses)."""
+    return () if isinstance(declared, AllAnalyses) else tuple(declared)
 
 
 def check_order(passes: Sequence[Pass]) -> None:
@@ -170,7 +208,7 @@ def check_order(passes: Sequence[Pass]) -> None:
                 if names[j] == req:
                     ok = True
                     break
-                if req in passes[j].invalidates:
+                if req in _named(passes[j].invalidates):
                     raise PassOrderError(
                         f"pass {p.name!r} (position {i}) requires {req!r}, but {names[j]!r} "
                         f"(position {j}) invalidates it in between; pipeline: {names}")
@@ -221,7 +259,11 @@ class PassManager:
     before the first pass and after each one. ``progress``: called with a
     :class:`PassRecord` after each pass. ``fixed_point``: repeat the whole
     pipeline until no pass changes the model (at most ``max_iterations`` rounds;
-    :class:`PassError` if it still changes then).
+    :class:`PassError` if it still changes then). ``analyses`` caches analysis
+    results for the passes (:class:`~onnxforge.passes.analysis.AnalysisManager`);
+    each run starts from an empty cache, since the model may have changed outside
+    the manager since the previous run; after a run it holds the results still
+    valid for the rewritten model.
     """
 
     def __init__(self, passes: Iterable[Pass | str], *, debug: bool = False,
@@ -241,6 +283,7 @@ class PassManager:
         self.fixed_point = fixed_point
         self.max_iterations = max_iterations
         self.records: list[PassRecord] = []
+        self.analyses = AnalysisManager()
 
     @property
     def names(self) -> list[str]:
@@ -252,12 +295,22 @@ class PassManager:
         if violations:
             raise InvariantError(pass_name, previous, violations)
 
+    def _check_analyses(self, model: Model, p: Pass, modified: bool) -> None:
+        stale = self.analyses.stale(model)
+        if stale:
+            raise PassError(
+                f"pass {p.name!r} left stale analyses {stale}: it changed what they describe "
+                f"but reported modified={modified} with invalidates={p.invalidates!r}, "
+                f"preserves={p.preserves!r}")
+
     def __call__(self, model: Model) -> PassResult:
         with _collector_paused():
             return self._run(model)
 
     def _run(self, model: Model) -> PassResult:
         self.records = []
+        self.analyses.clear()  # earlier results (and models) are not kept past a new run
+        self.analyses.bind(model)
         if self.debug:
             self._check(model, InvariantError.INPUT_MODEL, [])
         ran: list[str] = []
@@ -268,13 +321,21 @@ class PassManager:
             for p in self.passes:
                 before = _node_count(model)
                 t0 = time.perf_counter()
-                result = p(model)
+                own = p.analyses
+                p.analyses = self.analyses
+                try:
+                    result = p(model)
+                finally:
+                    p.analyses = own
                 seconds = time.perf_counter() - t0
+                if result.modified:
+                    self.analyses.invalidate(p.invalidates, preserves=p.preserves, model=model)
                 record = PassRecord(p.name, iteration, seconds, result.modified, before,
                                     _node_count(model))
                 self.records.append(record)
                 if self.debug:
                     self._check(model, p.name, ran)
+                    self._check_analyses(model, p, result.modified)
                 ran.append(p.name)
                 changed = changed or result.modified
                 if self.progress is not None:

@@ -6,11 +6,16 @@ satisfies every pass's ordering constraints and loses nothing:
 1. ``topological_sort``  — later passes walk nodes in dependency order;
 2. ``inline``            — local functions become plain nodes;
 3. ``constant_folding``  — Constant nodes become initializers, constant nodes are evaluated;
-4. ``identity_elimination``;
-5. ``dedup_initializers`` — equal initializers merge, so that
-6. ``cse``               — nodes reading them merge too;
-7. ``rewrite``           — exact algebraic rules (``Max(x, x) -> x``...);
-8. ``dce``               — what became unused goes.
+4. ``shape_folding``     — shape computations the ``shapes`` analysis knows become constants;
+5. ``if_inlining``       — ``If`` nodes whose condition became constant give way to their branch;
+6. ``constant_folding``  — the shape arithmetic left on the new constants, and inlined branches;
+7. ``identity_elimination``;
+8. ``fusion``            — Conv + BatchNormalization / Mul / Add, MatMul + Add -> Gemm;
+9. ``slice_split``       — Slices of one value that cover one axis in pieces -> one Split;
+10. ``dedup_initializers`` — equal initializers merge (inlined branches' ones too), so that
+11. ``cse``              — nodes reading them merge too;
+12. ``rewrite``          — algebraic and no-op rules (``Max(x, x) -> x``, full-range Slice...);
+13. ``dce``              — what became unused goes.
 
 Before / after (the chain of ``benchmarks/chain.py``)::
 
@@ -33,7 +38,12 @@ DEFAULT_PIPELINE: tuple[str, ...] = (
     "topological_sort",
     "inline",
     "constant_folding",
+    "shape_folding",
+    "if_inlining",
+    "constant_folding",
     "identity_elimination",
+    "fusion",
+    "slice_split",
     "dedup_initializers",
     "cse",
     "rewrite",

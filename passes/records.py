@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import Any
+from typing import Any, overload
 
 
-from onnxforge.errors import OnnxforgeError
+from onnxforge.proto_ext.errors import OnnxforgeError
 from onnxforge.graphbuilder.builder import BuildError, attr_from_value
 from onnxforge.graphbuilder.ir import Attr
 from onnxforge.graphbuilder.tensors import EncodedTensor, Tensor
@@ -48,6 +48,12 @@ def _attr(name: str, value: Any) -> Attr | None:
         return None
 
 
+@overload
+def copy_tensor(t: Tensor) -> Tensor: ...
+@overload
+def copy_tensor(t: EncodedTensor) -> EncodedTensor: ...
+@overload
+def copy_tensor(t: Tensor | EncodedTensor) -> Tensor | EncodedTensor: ...
 def copy_tensor(t: Tensor | EncodedTensor) -> Tensor | EncodedTensor:
     """A new record around ``t``'s payload. Registering an initializer renames its record,
     so a record that may be shared (a copied function body, a Constant attribute) is

@@ -24,9 +24,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from onnxforge.errors import OnnxforgeError
-from onnxforge.graphbuilder.ir import Function, Graph, Model, Node, Value
+from onnxforge.proto_ext.errors import OnnxforgeError
+from onnxforge.graphbuilder.ir import MUST_ALIAS, READ_WRITE, Function, Graph, Model, Node, Value
 from onnxforge.graphbuilder.names import NameScope
+from onnxforge.passes.domains import is_default_domain
+from onnxforge.passes.invariants import owner_in
 from onnxforge.passes.manager import Pass, PassResult, register_pass
 
 __all__ = [
@@ -35,6 +37,7 @@ __all__ = [
     "RenamePass",
     "can_replace",
     "erase_node",
+    "keeps_in_place_semantics",
     "rename_value",
     "replace_value",
     "transfer_value",
@@ -115,9 +118,87 @@ def _can_take_over(c: Container | None, old: Value, new: Value) -> bool:
             and (old.alias_of is None or old.alias_of is new.aliased_input()))
 
 
+def _in_place_writers(v: Value, c: Container | None) -> list[Node]:
+    """The nodes of ``c`` that write ``v``'s storage in place: a MUST_ALIAS port takes
+    ``v``, directly or in a subgraph (a local-function call that writes carries the
+    port too, rule L11)."""
+    out: list[Node] = []
+    for user, i in v.uses():
+        if any(a.kind == MUST_ALIAS and a.input_index == i for a in user.output_alias):
+            owner = owner_in(user, c) if c is not None else None
+            if owner is not None and owner not in out:
+                out.append(owner)
+    return out
+
+
+def _may_be_written(v: Value) -> bool:
+    """A cheap filter: only READ_WRITE inputs, inputs of subgraphs and functions, and
+    outputs of nodes that alias, call or own code can be written in place (rule L7);
+    initializers and plain node outputs never are."""
+    if v.const is not None:
+        return False
+    p = v.producer()
+    if p is None:
+        return v.access == READ_WRITE or not isinstance(v.graph, Graph) or v.graph.parent is not None
+    return bool(p.output_alias) or bool(p.attributes) or not is_default_domain(p.domain)
+
+
+def _reaches(start: Node, targets: set[int], c: Container | None) -> bool:
+    """Whether a node of ``targets`` (ids) depends on ``start``'s outputs within ``c``."""
+    seen = {id(start)}
+    work = [start]
+    while work:
+        n = work.pop()
+        for o in n.outputs:
+            for user, _i in o.uses():
+                owner = owner_in(user, c) if c is not None else None
+                if owner is None or id(owner) in seen:
+                    continue
+                if id(owner) in targets:
+                    return True
+                seen.add(id(owner))
+                work.append(owner)
+    return False
+
+
+def keeps_in_place_semantics(old: Value, new: Value) -> bool:
+    """Whether every reader of ``old`` may read ``new`` instead under rule L13.
+
+    When ``new`` is a version that a node W writes in place, ``old``'s readers
+    become readers of that version: each must be schedulable before W (none may
+    depend on W's results), and ``old`` must not be an output (the written version
+    would become one). The node order stays an in-place schedule: no reader of ``old``
+    may be listed after W either. ``y = Identity(cache)`` read after
+    ``CacheUpdate(cache, ...)`` therefore keeps its Identity (a backend materializes it
+    before the write)."""
+    if not _may_be_written(new):
+        return True
+    c = _container_of(new)
+    writers = _in_place_writers(new, c)
+    if not writers:
+        return True
+    if _is_output(_container_of(old), old):
+        return False
+    readers = {id(owner) for user, _i in old.uses()
+               if (owner := owner_in(user, c) if c is not None else None) is not None}
+    return not any(_reaches(w, readers, c) or _listed_after(w, readers) for w in writers)
+
+
+def _listed_after(w: Node, readers: set[int]) -> bool:
+    """Whether a node of ``readers`` (ids) comes after ``w`` in its graph's node order (the
+    order stays a valid in-place schedule only if every reader precedes its writer)."""
+    n = w._next
+    while n is not None:
+        if id(n) in readers:
+            return True
+        n = n._next
+    return False
+
+
 def can_replace(old: Value, new: Value) -> bool:
-    """True if :func:`replace_value` can merge ``old`` into ``new`` without losing anything."""
-    if old is new:
+    """True if :func:`replace_value` can merge ``old`` into ``new`` without losing anything
+    and without breaking rule L13."""
+    if old is new or not keeps_in_place_semantics(old, new):
         return False
     c = _container_of(old)
     return not _is_output(c, old) or _can_take_over(c, old, new)
@@ -156,9 +237,10 @@ def replace_value(old: Value, new: Value) -> bool:
     If ``old`` is a graph (or function) output, ``new`` takes over its name, type,
     alias and bindings (:func:`transfer_value`). Returns False, changing nothing,
     when that is impossible (``new`` is an input, an initializer, an outer value or
-    already an output): the caller then keeps ``old``.
+    already an output) or would break rule L13 (:func:`keeps_in_place_semantics`):
+    the caller then keeps ``old``.
     """
-    if old is new:
+    if old is new or not keeps_in_place_semantics(old, new):
         return False
     c = _container_of(old)
     if _is_output(c, old):

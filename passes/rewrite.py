@@ -42,12 +42,14 @@ from typing import Any
 
 import numpy as np
 
-from onnxforge.errors import OnnxforgeError
+from onnxforge.proto_ext.errors import OnnxforgeError
 from onnxforge.graphbuilder.ir import Function, Graph, Model, Node, Value
+from onnxforge.graphbuilder.shapes import ShapesContext
 from onnxforge.graphbuilder.tensors import onnx_dtype
 from onnxforge.passes.domains import canonical_domain
-from onnxforge.passes.fold import constant_value
-from onnxforge.passes.invariants import EffectAnalysis, containers
+from onnxforge.passes.fold import constant_value, lift_constants
+from onnxforge.passes.effects import Effects, effect_analysis
+from onnxforge.passes.invariants import containers
 from onnxforge.passes.manager import Pass, PassResult, check_int_option, register_pass
 from onnxforge.passes.records import make_attrs
 from onnxforge.passes.rename import NameScope, can_replace, erase_node, replace_value
@@ -146,10 +148,11 @@ class Match:
     """A successful match: ``m["x"]`` captured values, ``m.const("c")`` constants,
     ``m.node("t")`` named nodes, ``m.root``; ``m.op.X(...)`` builds replacement nodes."""
 
-    __slots__ = ("_scope", "consts", "matched", "new_nodes", "nodes", "root", "values")
+    __slots__ = ("_scope", "_shapes", "consts", "matched", "new_nodes", "nodes", "root", "values")
 
-    def __init__(self, root: Node, scope: Callable[[], NameScope]):
+    def __init__(self, root: Node, scope: Callable[[], NameScope], shapes: ShapesContext | None = None):
         self.root = root
+        self._shapes = shapes
         self.values: dict[str, Value] = {}
         self.consts: dict[str, np.ndarray] = {}
         self.nodes: dict[str, Node] = {}
@@ -171,6 +174,33 @@ class Match:
 
     def node(self, name: str) -> Node:
         return self.nodes[name]
+
+    def type_of(self, v: Value | None) -> Any:
+        """The type of ``v``: inferred by the shapes analysis when the driver has one,
+        else ``v.type``."""
+        if v is None:
+            return None
+        if self._shapes is not None:
+            t = self._shapes.type_of(v)
+            if t is not None:
+                return t
+        return v.type
+
+    def shape_of(self, v: Value | None) -> tuple[Any, ...] | None:
+        """The (possibly symbolic) shape of tensor ``v``, None for an unknown rank."""
+        t = self.type_of(v)
+        return tuple(t.shape) if isinstance(t, TensorType) and t.shape is not None else None
+
+    def rank_of(self, v: Value | None) -> int | None:
+        shape = self.shape_of(v)
+        return None if shape is None else len(shape)
+
+    def static_shape(self, v: Value | None) -> tuple[int, ...] | None:
+        """The shape of ``v`` when every dimension is a known int."""
+        shape = self.shape_of(v)
+        if shape is None or not all(type(d) is int and d >= 0 for d in shape):
+            return None
+        return shape
 
     def make_node(self, domain: str, op_type: str, inputs: Sequence[Value | None], outputs: int,
                   attrs: Mapping[str, Any]) -> Any:
@@ -238,7 +268,7 @@ class RuleTable:
 
 
 class _Matcher:
-    def __init__(self, effects: EffectAnalysis):
+    def __init__(self, effects: Effects):
         self.effects = effects
         # (id(Const pattern), id(value)) -> the constant if it passed the test, else None.
         # Values keep their constness while rewriting, and deduplicated initializers are
@@ -312,10 +342,12 @@ class _Matcher:
 
 
 class _Driver:
-    def __init__(self, model: Model, table: RuleTable):
+    def __init__(self, model: Model, table: RuleTable, shapes: ShapesContext | None = None):
         self.model = model
         self.table = table
-        self.effects = EffectAnalysis(model)
+        self.shapes = shapes
+        self.made_constants = False
+        self.effects = effect_analysis(model)
         self.matcher = _Matcher(self.effects)
         self.names = cache(partial(NameScope.from_model, model))  # built when a rule first needs it
         self.count = 0
@@ -352,7 +384,7 @@ class _Driver:
     def apply(self, c: Container, root: Node, rule: Rule) -> list[Node] | None:
         """Rewrite ``root`` (a node of ``c`` without side effects) with ``rule`` if it matches;
         returns the nodes to look at again, or None when the rule does not apply."""
-        m = Match(root, self.names)
+        m = Match(root, self.names, self.shapes)
         if not self.matcher.node(rule.pattern, root, m, c):
             return None
         got = rule.replace(m)
@@ -365,13 +397,19 @@ class _Driver:
             m.discard()
             raise RewriteError(f"rule {rule.label!r} returned {len(results)} value(s) for "
                                f"{len(outs)} output(s) of {root!r}")
-        if any(r is o for r, o in zip(results, outs)) or not all(
-                can_replace(o, r) or (not o.num_uses() and not c.is_output(o))
-                for o, r in zip(outs, results)):
+        if any(r is o for r, o in zip(results, outs)):
             m.discard()
             return None
-        for n in m.new_nodes:
+        for n in m.new_nodes:  # inserted first: a new node's output may take over a graph output
             c.insert_before(root, n)
+        if not all(can_replace(o, r) or (not o.num_uses() and not c.is_output(o))
+                   for o, r in zip(outs, results)):
+            for n in m.new_nodes:
+                c.remove(n, safe=False)
+            m.new_nodes.clear()
+            return None
+        if any(n.op_type == "Constant" for n in m.new_nodes):
+            self.made_constants = True
         touched: list[Node] = list(m.new_nodes)
         for o, r in zip(outs, results):
             if r.type is None and o.type is not None:
@@ -407,20 +445,27 @@ def _as_table(table: RuleTable | Iterable[Rule] | None) -> RuleTable:
 
 
 def apply_rules(model: Model, table: RuleTable | Iterable[Rule] | None = None, *,
-                max_rewrites: int | None = None) -> int:
+                max_rewrites: int | None = None, shapes: ShapesContext | None = None,
+                lift: bool = False) -> int:
     """Apply ``table`` (default :data:`DEFAULT_RULES`) everywhere until no rule applies.
 
-    Returns the number of rewrites; raises :class:`RewriteError` past ``max_rewrites``
-    (default: 10 per node of the model plus 1000).
+    ``shapes`` (the ``shapes`` analysis of ``model`` before rewriting) answers the
+    rules' :meth:`Match.type_of` / :meth:`Match.shape_of`; values made by the rules
+    fall back to their ``Value.type``. With ``lift``, the ``Constant`` nodes the rules
+    made in graphs become initializers. Returns the number of rewrites; raises
+    :class:`RewriteError` past ``max_rewrites`` (default: 10 per node of the model
+    plus 1000).
     """
     table = _as_table(table)
     if not len(table):
         return 0
-    drv = _Driver(model, table)
+    drv = _Driver(model, table, shapes)
     all_c = list(containers(model))
     limit = max_rewrites if max_rewrites is not None else 10 * sum(len(c) for c in all_c) + 1000
     for c in all_c:
         drv.run(c, limit)
+    if lift and drv.made_constants:
+        lift_constants(model)
     return drv.count
 
 
@@ -560,6 +605,143 @@ def _squeeze_unsqueeze(m: Match) -> Value | None:
     return m["x"] if a is not None and a == b else None
 
 
+def _cast_noop_typed(m: Match) -> Value | None:
+    t = m.type_of(m["x"])
+    if isinstance(t, TensorType) and t.elem_type == m.root.attr("to"):
+        return m["x"]
+    return None
+
+
+def _unsqueeze_squeeze(m: Match) -> Value | None:
+    # Squeeze(x, a) drops dims a of x (each 1); Unsqueeze(., a) puts them back where they
+    # were: both normalize a against rank(x), so equal lists restore x exactly.
+    a = _axes_of(m.node("inner"), m.consts.get("a"))
+    b = _axes_of(m.root, m.consts.get("b"))
+    return m["x"] if a and a == b else None
+
+
+def _merged_unsqueeze_axes(m: Match) -> list[int] | None:
+    """Unsqueeze(Unsqueeze(x, a), b) == Unsqueeze(x, c): the outer axes b are final
+    positions; inner axis i (counted in the middle rank) is the i-th final position
+    that b leaves free; c is both, sorted."""
+    a = _axes_of(m.node("inner"), m.consts.get("a"))
+    b = _axes_of(m.root, m.consts.get("b"))
+    if not a or not b:
+        return None
+    if any(v < 0 for v in a + b):
+        r0 = m.rank_of(m["x"])
+        if r0 is None:
+            return None
+        r1 = r0 + len(a)
+        a = [v + r1 if v < 0 else v for v in a]
+        b = [v + r1 + len(b) if v < 0 else v for v in b]
+    if len(set(a)) != len(a) or len(set(b)) != len(b):
+        return None
+    taken = set(b)
+    free: list[int] = []
+    pos = 0
+    need = max(a) + 1
+    while len(free) < need:
+        if pos not in taken:
+            free.append(pos)
+        pos += 1
+    return sorted(taken | {free[i] for i in a})
+
+
+def _merge_unsqueezes(m: Match) -> Value | None:
+    c = _merged_unsqueeze_axes(m)
+    if c is None:
+        return None
+    return m.op.Unsqueeze(m["x"], m.constant(np.array(c, np.int64)))
+
+
+def _merge_unsqueezes_attr(m: Match) -> Value | None:
+    c = _merged_unsqueeze_axes(m)
+    return None if c is None else m.op.Unsqueeze(m["x"], axes=c)
+
+
+def _transpose_identity(m: Match) -> Value | None:
+    perm = m.root.attr("perm")
+    if perm is None:  # the default reverses the dims: the identity only up to rank 1
+        r = m.rank_of(m["x"])
+        return m["x"] if r is not None and r <= 1 else None
+    return m["x"] if [int(p) for p in perm] == list(range(len(perm))) else None
+
+
+_BIG = 1 << 31  # ends at or past this are "to the end" for any dimension a tensor can have
+
+
+def _slice_noop_axes(m: Match, starts: np.ndarray, ends: np.ndarray, axes: np.ndarray | None,
+                     steps: np.ndarray | None) -> Value | None:
+    """Slice(x, starts, ends, axes, steps) -> x when every sliced axis keeps [0, dim)
+    with step 1: start 0 (or <= -dim), end >= dim."""
+    x = m["x"]
+    shape = m.shape_of(x)
+    st = [int(v) for v in starts.reshape(-1)]
+    en = [int(v) for v in ends.reshape(-1)]
+    if len(st) != len(en):
+        return None
+    ax = list(range(len(st))) if axes is None else [int(v) for v in axes.reshape(-1)]
+    sp = [1] * len(st) if steps is None else [int(v) for v in steps.reshape(-1)]
+    if len(ax) != len(st) or len(sp) != len(st) or any(v != 1 for v in sp):
+        return None
+    for a, s, e in zip(ax, st, en):
+        dim = None
+        if shape is not None:
+            if not -len(shape) <= a < len(shape):
+                return None
+            d = shape[a]
+            dim = d if type(d) is int else None
+        elif a < 0:
+            return None
+        start_ok = s == 0 or (dim is not None and s <= -dim)
+        end_ok = e >= _BIG or (dim is not None and e >= dim)
+        if not (start_ok and end_ok):
+            return None
+    return x
+
+
+def _slice_noop(m: Match) -> Value | None:
+    return _slice_noop_axes(m, m.const("s"), m.const("e"), m.consts.get("a"), m.consts.get("p"))
+
+
+def _slice_noop_attr(m: Match) -> Value | None:
+    st, en, ax = m.root.attr("starts"), m.root.attr("ends"), m.root.attr("axes")
+    if st is None or en is None:
+        return None
+    return _slice_noop_axes(m, np.array(st), np.array(en), None if ax is None else np.array(ax), None)
+
+
+def _pad_noop(m: Match) -> Value | None:
+    pads = m.consts["p"] if "p" in m.consts else (
+        np.array(m.root.attr("pads")) if m.root.attr("pads") is not None else None)
+    return m["x"] if pads is not None and pads.size > 0 and not pads.any() else None
+
+
+def _expand_noop(m: Match) -> Value | None:
+    # Expand(x, s) has shape broadcast(shape(x), s): x itself when s has no more dims than x
+    # and each of its dims is 1 or x's (static) dim.
+    shape = m.shape_of(m["x"])
+    s = [int(d) for d in m.const("s").reshape(-1)]
+    if shape is None or len(s) > len(shape):
+        return None
+    for d, xd in zip(reversed(s), reversed(shape)):
+        if d != 1 and not (type(xd) is int and xd == d):
+            return None
+    return m["x"]
+
+
+def _tile_noop(m: Match) -> Value | None:
+    r = m.const("r")
+    return m["x"] if r.size > 0 and bool(np.all(r == 1)) else None
+
+
+def _bool_identity(value: bool) -> Callable[[np.ndarray], bool]:
+    def test(a: np.ndarray) -> bool:
+        return a.dtype == np.bool_ and a.size > 0 and bool(np.all(a == value))
+    return test
+
+
 def _rules() -> RuleTable:
     one, zero = _all(1), _zero_for_add
     rules = [
@@ -603,6 +785,50 @@ def _rules() -> RuleTable:
              "squeeze_unsqueeze_attr"),
         # Concat(x) -> x  (a single input)
         Rule(Pattern("Concat", "x"), _same, "concat_single"),
+        # Cast(x, T) with x inferred to be T already -> x
+        Rule(Pattern("Cast", "x"), _cast_noop_typed, "cast_noop_inferred"),
+        # Unsqueeze(Squeeze(x, a), a) -> x  (opset >= 13)
+        Rule(Pattern("Unsqueeze", Pattern("Squeeze", "x", Const("a"), name="inner"), Const("b")),
+             _unsqueeze_squeeze, "unsqueeze_squeeze"),
+        # Unsqueeze(Squeeze(x, axes=a), axes=a) -> x  (opset < 13)
+        Rule(Pattern("Unsqueeze", Pattern("Squeeze", "x", name="inner")), _unsqueeze_squeeze,
+             "unsqueeze_squeeze_attr"),
+        # Unsqueeze(Unsqueeze(x, a), b) -> Unsqueeze(x, b ∪ free_b(a))  (opset >= 13)
+        Rule(Pattern("Unsqueeze", Pattern("Unsqueeze", "x", Const("a"), name="inner"), Const("b")),
+             _merge_unsqueezes, "merge_unsqueezes"),
+        # same, axes as attributes (opset < 13)
+        Rule(Pattern("Unsqueeze", Pattern("Unsqueeze", "x", name="inner")), _merge_unsqueezes_attr,
+             "merge_unsqueezes_attr"),
+        # Transpose(x, perm=[0, 1, ..., r-1]) -> x
+        Rule(Pattern("Transpose", "x"), _transpose_identity, "transpose_identity"),
+        # And(True, x) -> x ; And(x, True) -> x ; Or(False, x) -> x ; Or(x, False) -> x
+        # (identity elements; the constant must not broadcast x to a larger shape)
+        Rule(Pattern("And", Const("c", _bool_identity(True)), "x"), _identity_if_keeps("x", "c"),
+             "true_and"),
+        Rule(Pattern("And", "x", Const("c", _bool_identity(True))), _identity_if_keeps("x", "c"),
+             "and_true"),
+        Rule(Pattern("Or", Const("c", _bool_identity(False)), "x"), _identity_if_keeps("x", "c"),
+             "false_or"),
+        Rule(Pattern("Or", "x", Const("c", _bool_identity(False))), _identity_if_keeps("x", "c"),
+             "or_false"),
+        # Slice(x, 0, >= dim) on every sliced axis, step 1 -> x  (inputs: opset >= 10)
+        Rule(Pattern("Slice", "x", Const("s"), Const("e")), _slice_noop, "slice_full"),
+        Rule(Pattern("Slice", "x", Const("s"), Const("e"), Const("a")), _slice_noop, "slice_full_axes"),
+        Rule(Pattern("Slice", "x", Const("s"), Const("e"), Const("a"), Const("p")), _slice_noop,
+             "slice_full_steps"),
+        # same, starts/ends/axes as attributes (opset < 10)
+        Rule(Pattern("Slice", "x"), _slice_noop_attr, "slice_full_attr"),
+        # Pad(x, pads = 0...) -> x  (any mode: nothing is added)
+        Rule(Pattern("Pad", "x", Const("p")), _pad_noop, "pad_zero"),
+        Rule(Pattern("Pad", "x", Const("p"), "v"), _pad_noop, "pad_zero_value"),
+        Rule(Pattern("Pad", "x", Const("p"), None), _pad_noop, "pad_zero_no_value"),
+        Rule(Pattern("Pad", "x", Const("p"), "v", "a"), _pad_noop, "pad_zero_axes"),
+        Rule(Pattern("Pad", "x", Const("p"), None, "a"), _pad_noop, "pad_zero_axes_no_value"),
+        Rule(Pattern("Pad", "x"), _pad_noop, "pad_zero_attr"),
+        # Expand(x, s) -> x  when broadcasting shape(x) with s gives shape(x)
+        Rule(Pattern("Expand", "x", Const("s")), _expand_noop, "expand_noop"),
+        # Tile(x, [1, ..., 1]) -> x
+        Rule(Pattern("Tile", "x", Const("r")), _tile_noop, "tile_ones"),
     ]
     return RuleTable(rules)
 
@@ -630,4 +856,6 @@ class RewritePass(Pass):
         self.max_rewrites = max_rewrites
 
     def call(self, model: Model) -> PassResult:
-        return PassResult(model, apply_rules(model, self.table, max_rewrites=self.max_rewrites) > 0)
+        shapes = self.analyses.get("shapes").scratch() if self.analyses is not None else None
+        return PassResult(model, apply_rules(model, self.table, max_rewrites=self.max_rewrites,
+                                             shapes=shapes, lift=True) > 0)

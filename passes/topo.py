@@ -7,10 +7,10 @@ first in the original order goes next. Dependencies are
 
 * data: the producers of a node's inputs, and of the outer values its
   subgraphs read;
-* storage: a node reading a version of aliased storage (a READ_WRITE input
-  written in place through MUST_ALIAS ports, also inside subgraphs) keeps its
-  original side of every later writer of the same root. A node is never moved
-  across a writer of the storage it reads.
+* storage: every reader of a version of in-place storage (a READ_WRITE input
+  written through MUST_ALIAS ports, local-function calls or subgraphs) runs
+  before the node that writes that version (rule L13). A graph where a reader
+  depends on its writer has no such order: :class:`CycleError`.
 
 A cycle raises :class:`CycleError` naming nodes on it.
 
@@ -26,10 +26,10 @@ an already sorted one is recognised in O(N + E).
 from __future__ import annotations
 
 import heapq
-import itertools
 
-from onnxforge.errors import OnnxforgeError
-from onnxforge.graphbuilder.ir import MUST_ALIAS, Function, Graph, Model, Node, Value
+from onnxforge.proto_ext.errors import OnnxforgeError
+from onnxforge.graphbuilder.ir import Function, Graph, Model, Node, Value
+from onnxforge.graphbuilder.storage import Storage
 from onnxforge.passes.invariants import containers, owner_in
 from onnxforge.passes.manager import Pass, PassResult, register_pass
 
@@ -42,85 +42,20 @@ class CycleError(OnnxforgeError, ValueError):
     """The nodes of a graph depend on each other in a cycle (no valid order exists)."""
 
 
-def _aliased_outputs(node: Node, index: int) -> list[Value]:
-    """Outputs of ``node`` that must alias its input ``index`` (new versions of that storage)."""
-    return [node.outputs[a.output_index] for a in node.output_alias
-            if a.kind == MUST_ALIAS and a.input_index == index and 0 <= a.output_index < len(node.outputs)]
+def _storage_edges(c: Container, storage: Storage) -> dict[int, set[int]]:
+    """Extra predecessors (by node id): every reader of a version written in place
+    runs before the node that writes it (DESIGN.md, *Semantics of in-place writes*).
 
-
-def _has_writes(node: Node) -> bool:
-    if any(a.kind == MUST_ALIAS for a in node.output_alias):
-        return True
-    if node.attributes:
-        for sg in node.subgraphs():
-            if any(_has_writes(n) for n in sg):
-                return True
-    return False
-
-
-def _storage_edges(c: Container, position: dict[int, int], nodes: list[Node]) -> dict[int, set[int]]:
-    """Extra predecessors (by node id) that keep every node in its original place
-    relative to the writers of the storage it reads.
-
-    The versions of one storage form a chain: the root (a READ_WRITE input) is
-    version 0 and a node writing version k through a MUST_ALIAS port produces
-    version k + 1. A node reading version k already follows the writers of
-    versions <= k (data); against the later writers it keeps its original side.
-    """
-    roots: dict[int, Value] = {}
-    for n in nodes:
-        if not _has_writes(n):
-            continue
-        stack = [n]
-        while stack:
-            m = stack.pop()
-            ins = m.inputs
-            for a in m.output_alias:
-                if a.kind == MUST_ALIAS and 0 <= a.input_index < len(ins) and ins[a.input_index] is not None:
-                    r = ins[a.input_index].alias_root()
-                    roots[id(r)] = r
-            if m.attributes:
-                for sg in m.subgraphs():
-                    stack.extend(sg)
+    The readers of ``v`` are the nodes of ``c`` that read it directly or through a
+    subgraph; a second writer of ``v`` is not a reader (rule L9 rejects it)."""
     extra: dict[int, set[int]] = {}
-    for root in roots.values():
-        writers: dict[int, tuple[int, Node]] = {}  # id(owner) -> (depth of the version it makes, owner)
-        reads: list[tuple[Node, int]] = []  # (owner, depth of the version it reads)
-        seen: set[int] = set()
-        work: list[tuple[Value, int]] = [(root, 0)]
-        while work:
-            v, depth = work.pop()
-            if id(v) in seen:
-                continue
-            seen.add(id(v))
-            for user, i in v.uses():
-                made = _aliased_outputs(user, i)
+    for n in c:
+        for v in storage.writes(n):
+            for user, _i in v.uses():
                 owner = owner_in(user, c)
-                for o in made:
-                    work.append((o, depth + 1))
-                if owner is None:
+                if owner is None or owner is n or v in storage.writes(owner):
                     continue
-                if made:
-                    old = writers.get(id(owner))
-                    if old is None or old[0] < depth + 1:
-                        writers[id(owner)] = (depth + 1, owner)
-                else:
-                    reads.append((owner, depth))
-        chain = sorted(writers.values(), key=lambda dw: (dw[0], position[id(dw[1])]))
-        for (d1, w1), (d2, w2) in itertools.pairwise(chain):
-            if d1 == d2:  # two writers of one version: keep their original order
-                extra.setdefault(id(w2), set()).add(id(w1))
-        for owner, depth in reads:
-            later = [w for d, w in chain if d > depth and w is not owner]
-            pos = position[id(owner)]
-            prev: Node | None = None
-            for w in later:
-                if position[id(w)] > pos:
-                    extra.setdefault(id(w), set()).add(id(owner))
-                    break
-                prev = w
-            if prev is not None:
-                extra.setdefault(id(owner), set()).add(id(prev))
+                extra.setdefault(id(n), set()).add(id(owner))
     return extra
 
 
@@ -150,14 +85,12 @@ def _is_sorted(c: Container) -> bool:
     return True
 
 
-def _sort(c: Container) -> bool:
-    # Storage constraints come from the original order, so a list that already
-    # respects every data dependency satisfies them too: nothing moves.
-    if _is_sorted(c):
+def _sort(c: Container, storage: Storage) -> bool:
+    extra = _storage_edges(c, storage)
+    if not extra and _is_sorted(c):
         return False
     nodes = list(c)
     position = {id(n): k for k, n in enumerate(nodes)}
-    extra = _storage_edges(c, position, nodes)
     by_id = {id(n): n for n in nodes}
     succs: dict[int, list[Node]] = {}
     indegree: dict[int, int] = {}
@@ -195,7 +128,10 @@ def _sort(c: Container) -> bool:
         stuck = [n for n in nodes if indegree[id(n)]]
         shown = ", ".join(repr(n) for n in stuck[:5])
         raise CycleError(f"{c.path()}: {len(stuck)} node(s) depend on each other in a cycle "
-                         f"(data or storage order), e.g. {shown}")
+                         f"(data, or a reader of a version that depends on its in-place writer: "
+                         f"rule L13), e.g. {shown}")
+    if all(a is b for a, b in zip(order, nodes)):
+        return False
     c.reorder(order)
     return True
 
@@ -203,8 +139,9 @@ def _sort(c: Container) -> bool:
 def topological_sort(model: Model) -> bool:
     """Sort every graph, subgraph and function body; True if any order changed."""
     changed = False
+    storage = Storage(model)
     for c in list(containers(model)):
-        changed = _sort(c) or changed
+        changed = _sort(c, storage) or changed
     return changed
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from onnx import TensorProto
 
-from onnxforge.errors import CodecError
+from onnxforge.proto_ext.errors import CodecError
 from onnxforge.proto_ext import schema
 from onnxforge.proto_ext.types import (
     BITS,
@@ -60,7 +60,7 @@ def text(s: str | bytes) -> str:
     """A string field as text. Protobuf returns a proto2 string that is not valid UTF-8
     as ``bytes``; its bad bytes become backslash escapes (``'\\x80abc'``), so that
     names are always ``str`` (and such a name matches no well-formed one)."""
-    return s if type(s) is str else bytes(s).decode("utf-8", "backslashreplace")
+    return s if isinstance(s, str) else bytes(s).decode("utf-8", "backslashreplace")
 
 
 def shape_from_proto(shape: Message) -> tuple[tuple[Dim, ...], tuple[str, ...] | None]:
@@ -68,7 +68,10 @@ def shape_from_proto(shape: Message) -> tuple[tuple[Dim, ...], tuple[str, ...] |
     dens: list[str] = []
     for d in shape.dim:
         case = d.WhichOneof("value")
-        dims.append(d.dim_value if case == "dim_value" else d.dim_param if case == "dim_param" else None)
+        if case == "dim_value":  # a negative dim_value (exporters write -1) is an unknown dimension
+            dims.append(d.dim_value if d.dim_value >= 0 else None)
+        else:
+            dims.append(d.dim_param if case == "dim_param" else None)
         dens.append(d.denotation)
     return tuple(dims), (tuple(dens) if any(dens) else None)
 

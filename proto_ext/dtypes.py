@@ -18,7 +18,7 @@ import ml_dtypes
 import numpy as np
 from onnx import TensorProto
 
-from onnxforge.errors import CodecError
+from onnxforge.proto_ext.errors import CodecError
 
 __all__ = ["NUMPY_DTYPES", "np_dtype", "onnx_dtype"]
 

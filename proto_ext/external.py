@@ -54,7 +54,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from onnxforge.errors import ExternalDataError
+from onnxforge.proto_ext.errors import ExternalDataError
 
 __all__ = [
     "ExternalDataCache",

@@ -38,7 +38,7 @@ import onnx
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.message import DecodeError, Message
 
-from onnxforge.errors import ModelFileError, WireError
+from onnxforge.proto_ext.errors import ModelFileError, WireError
 
 __all__ = [
     "PACKAGE",

@@ -58,7 +58,7 @@ from typing import NoReturn
 
 from onnx import TensorProto
 
-from onnxforge.errors import VerificationError, Violation
+from onnxforge.proto_ext.errors import VerificationError, Violation
 from onnxforge.proto_ext.catalogue import Catalogue
 from onnxforge.proto_ext.types import BITS, ELEM_TYPES, Constant, StructType, TensorType, Type, type_name
 
@@ -474,11 +474,11 @@ class LayoutCache:
             b = t.bit_packing
             item = sum(c.bit_width for c in b.components)
             at = offset
-            for j, c in enumerate(b.components):
-                out.append(LeafLayout(_join(prefix, c.name), "bitfield", at, _unsigned_for(c.bit_width),
-                                      (b.dimension,), c.bit_width, item, component=j,
+            for j, comp in enumerate(b.components):
+                out.append(LeafLayout(_join(prefix, comp.name), "bitfield", at, _unsigned_for(comp.bit_width),
+                                      (b.dimension,), comp.bit_width, item, component=j,
                                       components=len(b.components)))
-                at += c.bit_width
+                at += comp.bit_width
 
     def record_layout(self, st: StructType, path: str = "struct_type") -> RecordLayout:
         """Size and leaves of one record of the encoding root ``st`` (raises :class:`SizeError`)."""
@@ -503,9 +503,10 @@ class LayoutCache:
                     self._counts[cid] = self._count(self.catalogue.get(cid), declaration_path(cid))
             return self._counts[tid]
         if t.kind == "structure":
-            return sum(1 if f.constant is not None
-                       else self._count(f.type, f"{field_path(path, f.name, i)}.type.struct_type")
-                       for i, f in enumerate(t.fields))
+            counts = (1 if f.constant is not None
+                      else self._count(f.type, f"{field_path(path, f.name, i)}.type.struct_type")
+                      for i, f in enumerate(t.fields))
+            return sum(counts)
         if t.kind == "array":
             elem = t.array.element_type if t.array is not None else None
             return self._count(elem, f"{path}.array.element_type.struct_type")

@@ -65,7 +65,7 @@ def compatible(a: Type, b: Type) -> str | None:
         return None if a is b else f"{type_case(a)} vs {type_case(b)}"
     if type(a) is not type(b):
         return f"{type_case(a)} vs {type_case(b)}"
-    if isinstance(a, (TensorType, SparseTensorType)):
+    if isinstance(a, (TensorType, SparseTensorType)) and isinstance(b, (TensorType, SparseTensorType)):
         return _tensor_reason(a, b)
     if isinstance(a, (SequenceType, OptionalType)):
         reason = compatible(a.elem, b.elem)
@@ -79,7 +79,7 @@ def compatible(a: Type, b: Type) -> str | None:
         if (a.domain, a.name) != (b.domain, b.name):
             return f"opaque {a.domain}::{a.name} vs {b.domain}::{b.name}"
         return None
-    if isinstance(a, StructType):
+    if isinstance(a, StructType) and isinstance(b, StructType):
         return _struct_reason(a, b)
     return None if a == b else f"{a} vs {b}"
 

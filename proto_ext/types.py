@@ -7,6 +7,8 @@ losslessly for every field the specifications define.
 
 A dimension (:data:`Dim`) is an ``int`` (``dim_value``), a ``str``
 (``dim_param``) or ``None`` (unknown). A shape of ``None`` means unknown rank.
+Shape inference in the IR layer also stores its symbolic expressions as
+dimensions, which this layer cannot name: hence ``Dim`` is typed ``Any``.
 """
 from __future__ import annotations
 
@@ -40,7 +42,7 @@ __all__ = [
     "type_name",
 ]
 
-Dim = Union[int, str, None]
+Dim = Any  # int | str | None on the wire; graphbuilder's SymExpr after shape inference
 
 # bits(T) of RULES.md "Terms"; STRING and UNDEFINED have none.
 BITS: dict[int, int] = {

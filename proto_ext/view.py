@@ -11,23 +11,27 @@ paths used in error messages: ``graph``, ``graph.node[3]('attn')``,
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 from onnx import AttributeProto, TensorProto
 
+from onnxforge.proto_ext import schema
 from onnxforge.proto_ext.convert import encoded_from_proto, struct_from_proto, text, type_from_proto
 from onnxforge.proto_ext.types import EncodedValue, StructType, Type
 
 __all__ = [
     "AliasSpec",
+    "ExternalSpec",
     "ValueSpec",
     "NodeView",
     "GraphView",
     "FunctionView",
     "ModelView",
     "function_path",
+    "serialized_refs",
     "view_from_proto",
 ]
 
@@ -40,6 +44,12 @@ class AliasSpec:
     output_index: int
     input_index: int
     kind: int
+
+
+ExternalSpec = tuple[str, tuple[tuple[str, str], ...]]
+"""One tensor payload stored outside the model file: the object path of its
+``external_data`` field (``graph.initializer['w'].external_data``) and its
+``(key, value)`` entries, as the wire has them (rule P7)."""
 
 
 @dataclass(slots=True)
@@ -64,6 +74,7 @@ class NodeView:
     output_alias: list[AliasSpec] = field(default_factory=list)
     subgraphs: list[tuple[str, "GraphView"]] = field(default_factory=list)
     attributes: dict[str, Any] = field(default_factory=dict)  # scalar ints/floats/strings only
+    ref: Any = None  # the IR Node this view was built from (None for a wire view)
 
 
 @dataclass(slots=True)
@@ -81,6 +92,10 @@ class GraphView:
     bindings: list[tuple[str, str]] = field(default_factory=list)
     # Values of small integer initializers and Constant outputs (for static range checks).
     int_values: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    ref: Any = None  # the IR Graph this view was built from (None for a wire view)
+    # External references of dense and sparse initializers and of the tensor attributes of
+    # this graph's own nodes (a subgraph's are in its view; encoded values are in ``encoded``).
+    external_refs: list[ExternalSpec] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -93,6 +108,9 @@ class FunctionView:
     outputs: list[str]
     value_infos: list[ValueSpec]
     nodes: list[NodeView]
+    # External references of the tensor attributes of the body's nodes (see GraphView).
+    external_refs: list[ExternalSpec] = field(default_factory=list)
+    ref: Any = None  # the IR Function this view was built from (None for a wire view)
 
 
 @dataclass(slots=True)
@@ -186,12 +204,56 @@ def _int_values(g: Any) -> dict[str, tuple[int, ...]]:
     return out
 
 
+def _tensor_refs(t: Any, path: str) -> Iterator[ExternalSpec]:
+    """The external reference of TensorProto ``t`` (object path ``path``), if it has one."""
+    if t.data_location == TensorProto.EXTERNAL:
+        yield (f"{path}.external_data", tuple((text(e.key), text(e.value)) for e in t.external_data))
+
+
+def _sparse_refs(s: Any, path: str) -> Iterator[ExternalSpec]:
+    """The external references of SparseTensorProto ``s``: values, then indices."""
+    yield from _tensor_refs(s.values, f"{path}.values")
+    yield from _tensor_refs(s.indices, f"{path}.indices")
+
+
+def serialized_refs(data: bytes | bytearray | memoryview, path: str, *,
+                    sparse: bool = False) -> list[ExternalSpec]:
+    """The external references of a serialized TensorProto (a SparseTensorProto with
+    ``sparse``), for holders that keep the message as bytes."""
+    msg = schema.parse("SparseTensorProto" if sparse else "TensorProto", data)
+    return list(_sparse_refs(msg, path) if sparse else _tensor_refs(msg, path))
+
+
+def _attribute_refs(nodes: Any, views: list[NodeView]) -> Iterator[ExternalSpec]:
+    """External references of the tensor attributes of ``nodes`` (paths from their views)."""
+    for n, nv in zip(nodes, views):
+        for attr in n.attribute:
+            apath = f"{nv.path}.attribute[{text(attr.name)!r}]"
+            if attr.HasField("t"):
+                yield from _tensor_refs(attr.t, f"{apath}.t")
+            for i, t in enumerate(attr.tensors):
+                yield from _tensor_refs(t, f"{apath}.tensors[{i}]")
+            if attr.HasField("sparse_tensor"):
+                yield from _sparse_refs(attr.sparse_tensor, f"{apath}.sparse_tensor")
+            for i, sp in enumerate(attr.sparse_tensors):
+                yield from _sparse_refs(sp, f"{apath}.sparse_tensors[{i}]")
+
+
+def _graph_refs(g: Any, nodes: list[NodeView], path: str) -> Iterator[ExternalSpec]:
+    for t in g.initializer:
+        yield from _tensor_refs(t, f"{path}.initializer[{text(t.name)!r}]")
+    for sp in g.sparse_initializer:
+        yield from _sparse_refs(sp, f"{path}.sparse_initializer[{text(sp.values.name)!r}]")
+    yield from _attribute_refs(g.node, nodes)
+
+
 def function_path(domain: str, name: str) -> str:
     """Object path of the local function ``domain::name``."""
     return f"functions[{domain + '::' + name!r}]"
 
 
 def _graph_view(g: Any, path: str, is_main: bool) -> GraphView:
+    nodes = [_node_view(n, f"{path}.node[{i}]") for i, n in enumerate(g.node)]
     return GraphView(
         path=path,
         name=text(g.name),
@@ -202,9 +264,10 @@ def _graph_view(g: Any, path: str, is_main: bool) -> GraphView:
         initializers=_texts(t.name for t in g.initializer),
         sparse_initializers=_texts(s.values.name for s in g.sparse_initializer),
         encoded=[encoded_from_proto(e) for e in g.encoded_initializer],
-        nodes=[_node_view(n, f"{path}.node[{i}]") for i, n in enumerate(g.node)],
+        nodes=nodes,
         bindings=[(text(b.input_name), text(b.output_name)) for b in g.persistent_bindings],
         int_values=_int_values(g),
+        external_refs=list(_graph_refs(g, nodes, path)),
     )
 
 
@@ -214,6 +277,7 @@ def view_from_proto(model: Any, model_dir: str | None = None) -> ModelView:
     for f in model.functions:
         domain, name = text(f.domain), text(f.name)
         fpath = function_path(domain, name)
+        nodes = [_node_view(n, f"{fpath}.node[{i}]") for i, n in enumerate(f.node)]
         functions.append(FunctionView(
             path=fpath,
             domain=domain,
@@ -222,7 +286,8 @@ def view_from_proto(model: Any, model_dir: str | None = None) -> ModelView:
             inputs=_texts(f.input),
             outputs=_texts(f.output),
             value_infos=[_value_spec(v) for v in f.value_info],
-            nodes=[_node_view(n, f"{fpath}.node[{i}]") for i, n in enumerate(f.node)],
+            nodes=nodes,
+            external_refs=list(_attribute_refs(f.node, nodes)),
         ))
     return ModelView(
         struct_types=[struct_from_proto(s) for s in model.struct_types],

@@ -52,7 +52,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import IO, Final, Literal, Union
 
-from onnxforge.errors import WireError
+from onnxforge.proto_ext.errors import WireError
 
 __all__ = [
     "KIND_ENCODED",

@@ -1,5 +1,8 @@
 """Session-wide fixtures: the real exported tiny Qwen3 decoders.
 
+Before anything else, the suite refuses to run unless ``onnxforge`` and each of
+its layers are loaded from this checkout (see :func:`foreign_packages`).
+
 The decoders are built once into a cache folder and reused by later runs (see
 ``tests/fixtures/decoders.py``).  The folder is ``$ONNXFORGE_FIXTURE_DIR`` when
 that variable is set, else ``<repo>/.fixture-cache/``.
@@ -7,15 +10,51 @@ that variable is set, else ``<repo>/.fixture-cache/``.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
 
 import pytest
 from hypothesis import settings
 
-from tests.fixtures.decoders import build_all, load_io_info, random_decoder_feeds
+REPO_ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("onnxforge", "onnxforge.proto_ext", "onnxforge.graphbuilder", "onnxforge.passes",
+            "onnxforge.kernels_cy")
 
-__all__ = ["decoder_fixture_dir", "load_io_info", "random_decoder_feeds"]
+
+def foreign_packages(root: Path) -> list[str]:
+    """Describe each onnxforge package that would not be loaded from the checkout at ``root``.
+
+    An editable install of another checkout (or a regular install) would otherwise
+    run that code under these tests. Returns ``[]`` when every package resolves
+    under ``root``.
+    """
+    problems = []
+    for name in PACKAGES:
+        try:
+            spec = importlib.util.find_spec(name)
+        except ImportError as exc:  # e.g. the facade's own "not installed" error
+            return [f"{name} cannot be imported: {exc}"]
+        origin = spec.origin if spec is not None else None
+        if origin is None:
+            problems.append(f"{name} is not importable")
+        elif not Path(origin).resolve().is_relative_to(root):
+            problems.append(f"{name} is loaded from {origin}")
+    return problems
+
+
+_FOREIGN = foreign_packages(REPO_ROOT)
+if _FOREIGN:
+    pytest.exit(
+        f"these tests belong to the checkout at {REPO_ROOT}, but the onnxforge importable "
+        "here is not this checkout's:\n  " + "\n  ".join(_FOREIGN)
+        + f"\nRun `pip install -e .` (or `pip install -e \".[test]\"`) in {REPO_ROOT} to test this checkout.",
+        returncode=4,
+    )
+
+from tests.fixtures.decoders import build_all, load_io_info, random_decoder_feeds  # noqa: E402
+
+__all__ = ["decoder_fixture_dir", "foreign_packages", "load_io_info", "random_decoder_feeds"]
 
 # Property tests explore new examples on every local run; under CI they replay a fixed
 # derandomized sequence so that a run's verdict does not depend on chance.
@@ -24,7 +63,6 @@ if os.environ.get("CI"):
     settings.load_profile("ci")
 
 FIXTURE_DIR_ENV = "ONNXFORGE_FIXTURE_DIR"
-REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 def decoder_fixture_dir() -> Path:

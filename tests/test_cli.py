@@ -1,11 +1,15 @@
-"""The command line: verify / inspect exit codes and output."""
+"""The command line: exit codes (0 ok, 1 invalid model, 2 usage or file error), output,
+errors on stderr without tracebacks, and verification before optimize and export."""
 from __future__ import annotations
 
+import argparse
 import json
+import shlex
 import subprocess
 import sys
 
 import numpy as np
+import pytest
 from onnx import TensorProto, numpy_helper
 
 from onnxforge.cli import main
@@ -82,7 +86,7 @@ def test_inspect_text(tmp_path, capsys):
 def test_console_script_entry_point(tmp_path):
     path = _write(tmp_path, _every_extension_model(True))
     proc = subprocess.run([sys.executable, "-m", "onnxforge.cli", "verify", path],
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().endswith("OK")
 
@@ -139,3 +143,313 @@ def test_optimize_unknown_pass_is_a_clean_error(tmp_path, capsys):
     assert main(["optimize", "builtin:decoder", "-o", str(tmp_path / "o.onnx"),
                  "--passes", "nonsense"]) == 2
     assert "nonsense" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------- invalid input is refused
+
+
+def _two_definitions_of_y():
+    """y = Relu(x) and y = Neg(x): two nodes define one output (rule N3)."""
+    from onnx import helper
+
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"], name="relu"),
+                           helper.make_node("Neg", ["x"], ["y"], name="neg")], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)])
+
+
+def _duplicate_initializer():
+    """Two initializers named ``w`` (rule N2): the IR keeps one, the wire shows both."""
+    from onnx import helper
+
+    w = numpy_helper.from_array(np.ones(2, np.float32), "w")
+    g = helper.make_graph([helper.make_node("Add", ["x", "w"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])], [w, w])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)])
+
+
+def test_api_optimize_and_export_refuse_an_invalid_model(tmp_path):
+    import onnxforge as of
+
+    m = _two_definitions_of_y()
+    path = _write(tmp_path, m)
+    for source in (m, path, m.SerializeToString()):
+        for fn in (of.optimize, of.to_standard_onnx):
+            with pytest.raises(of.VerificationError) as info:
+                fn(source)
+            assert info.value.rules == ["N3"]
+            assert info.value.violations[0].path == "graph.node[1]('neg').output[0]"
+    ir = of.load(m)
+    with pytest.raises(of.VerificationError):
+        of.optimize(ir)
+    assert [n.op_type for n in ir.graph] == ["Relu", "Neg"]  # never rewritten
+    with pytest.raises(of.VerificationError):
+        of.to_standard_onnx(ir)
+
+
+def test_optimize_checks_the_wire_not_only_the_ir(tmp_path):
+    import onnxforge as of
+    from onnxforge.api import load_verified
+
+    path = _write(tmp_path, _duplicate_initializer())
+    with pytest.raises(of.VerificationError) as info:
+        of.optimize(path)
+    assert info.value.rules == ["N2"]
+    with pytest.raises(of.VerificationError):
+        load_verified(path)
+    assert of.check(of.load(path)) == []  # the IR holds one ``w``: only the wire shows both
+
+
+@pytest.mark.parametrize("command", ["optimize", "export"])
+def test_cli_refuses_an_invalid_model_with_exit_one(tmp_path, capsys, command):
+    path = _write(tmp_path, _two_definitions_of_y())
+    out = tmp_path / ("o.onnx" if command == "optimize" else "out")
+    assert main([command, path, "-o", str(out)]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert "[N3] graph.node[1]('neg').output[0]: 'y' is already defined" in captured.err
+    assert "Traceback" not in captured.err
+    assert not out.exists()
+
+
+def test_api_optimize_accepts_a_valid_model_unchanged_in_behaviour(tmp_path):
+    import onnxforge as of
+
+    out = of.optimize(_write(tmp_path, _every_extension_model(True)))
+    of.verify(out)
+
+
+# ---------------------------------------------------------------------- output paths
+
+
+def test_optimize_output_that_is_a_folder(tmp_path, capsys):
+    assert main(["optimize", "builtin:decoder", "-o", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "is a folder" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("command", ["export", "demo"])
+def test_folder_output_that_is_a_file(tmp_path, capsys, command):
+    target = tmp_path / "taken"
+    target.write_text("x")
+    argv = [command, "builtin:decoder", "-o", str(target)] if command == "export" \
+        else [command, "-o", str(target)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "exists and is not a folder" in err and "Traceback" not in err
+    assert target.read_text() == "x"
+
+
+@pytest.mark.parametrize("command", ["optimize", "export"])
+def test_output_below_a_file(tmp_path, capsys, command):
+    (tmp_path / "file").write_text("x")
+    assert main([command, "builtin:decoder", "-o", str(tmp_path / "file" / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "is not a folder" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("command", ["optimize", "export"])
+def test_output_in_a_folder_that_is_not_writable(tmp_path, capsys, monkeypatch, command):
+    import os
+
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    if os.geteuid() == 0:  # permission bits do not stop root: make access() say what they mean
+        real = os.access
+        monkeypatch.setattr(os, "access", lambda p, mode, **kw: False if os.fspath(p) == str(locked)
+                            else real(p, mode, **kw))
+    try:
+        assert main([command, "builtin:decoder", "-o", str(locked / "out")]) == 2
+    finally:
+        locked.chmod(0o700)
+    err = capsys.readouterr().err
+    assert "is not writable" in err and "Traceback" not in err
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="needs /proc")
+def test_a_write_that_fails_midway_is_a_clean_error(capsys):
+    # /proc takes no new files, whoever asks: the failure shows only when saving
+    assert main(["optimize", "builtin:decoder", "-o", "/proc/onnxforge-test.onnx"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: cannot write /proc/onnxforge-test.onnx") and "Traceback" not in err
+
+
+# -------------------------------------------------------------------------- options
+
+
+@pytest.mark.parametrize("spec", ["", " ", "dce,", ",dce"])
+def test_empty_pass_names_are_an_error(tmp_path, capsys, spec):
+    out = tmp_path / "o.onnx"
+    assert main(["optimize", "builtin:decoder", "-o", str(out), "--passes", spec]) == 2
+    captured = capsys.readouterr()
+    assert "--passes" in captured.err and captured.out == ""
+    assert not out.exists()
+
+
+def test_named_passes_run_alone(tmp_path, capsys):
+    assert main(["optimize", "builtin:decoder", "-o", str(tmp_path / "o.onnx"), "--passes", "dce",
+                 "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert [p["name"] for p in report["passes"]] == ["dce"]
+    assert report["output"] == str(tmp_path / "o.onnx")
+
+
+def test_version(capsys):
+    import onnxforge
+
+    with pytest.raises(SystemExit) as info:
+        main(["--version"])
+    assert info.value.code == 0
+    assert capsys.readouterr().out.strip() == f"onnxforge {onnxforge.__version__}"
+
+
+def test_python_dash_m_onnxforge(tmp_path):
+    import onnxforge
+
+    path = _write(tmp_path, _every_extension_model(True))
+    proc = subprocess.run([sys.executable, "-m", "onnxforge", "verify", path],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().endswith("OK")
+    proc = subprocess.run([sys.executable, "-m", "onnxforge", "--version"],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert proc.stdout.strip() == f"onnxforge {onnxforge.__version__}"
+
+
+def test_errors_have_no_traceback_unless_asked(capsys):
+    assert main(["verify", "/nonexistent/model.onnx"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "Traceback" not in err
+    for argv in (["--traceback", "verify", "/nonexistent/model.onnx"],
+                 ["verify", "/nonexistent/model.onnx", "--traceback"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert "Traceback (most recent call last)" in err and "no such model file" in err
+
+
+def test_an_unexpected_error_is_one_line(capsys, monkeypatch):
+    import onnxforge.report
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(onnxforge.report, "summarize", broken)
+    assert main(["inspect", "builtin:decoder"]) == 2
+    err = capsys.readouterr().err
+    assert "RuntimeError: boom" in err and "--traceback" in err and "Traceback (" not in err
+
+
+def test_a_closed_pipe_is_no_error():
+    # the reader is gone before the first write, as with `| head -1` on long output
+    proc = subprocess.Popen([sys.executable, "-m", "onnxforge", "inspect", "builtin:decoder", "--values"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 0
+    assert "BrokenPipeError" not in err and "Traceback" not in err and "Exception ignored" not in err
+
+
+def test_head_reads_the_first_line_quietly():
+    cmd = f"{shlex.quote(sys.executable)} -m onnxforge inspect builtin:decoder --values | head -1"
+    proc = subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, timeout=120, check=False)
+    assert proc.stdout.startswith("graph 'onnxforge_decoder'") and proc.stdout.count("\n") == 1
+    assert proc.stderr == ""
+
+
+def test_export_json_reports_what_was_written_and_changed(tmp_path, capsys):
+    out = tmp_path / "std"
+    assert main(["export", "builtin:decoder", "-o", str(out), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["output"] == str(out)
+    assert report["written"] == {"model": str(out / "model.onnx"), "feedback": str(out / "feedback.json")}
+    assert report["opset_imports"]["before"]["ai.onnxforge"] == 1
+    assert "ai.onnxforge" not in report["opset_imports"]["after"]
+    assert report["opset_imports"]["after"][""] >= report["opset_imports"]["before"][""]
+    assert "ai.onnxforge::CacheUpdate" in report["ops_removed"]
+    assert report["feedback"] == json.loads((out / "feedback.json").read_text())
+    assert len(report["feedback"]) == 4 and report["genai_config_updated"] is False
+    assert report["nodes"]["before"] > 0 and report["nodes"]["after"] > 0
+
+
+def test_export_json_from_a_file(tmp_path, capsys):
+    import onnxforge as of
+    from onnxforge.samples import build_builtin
+
+    src = tmp_path / "decoder.onnx"
+    of.save(build_builtin("decoder"), src)
+    assert main(["export", str(src), "-o", str(tmp_path / "std"), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert "ai.onnxforge::CacheUpdate" in report["ops_removed"]
+
+
+def _examples() -> dict[str, str]:
+    from onnxforge.cli import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    out = {}
+    for name, p in sub.choices.items():
+        lines = (p.epilog or "").splitlines()
+        assert "example:" in lines, f"{name} --help has no example"
+        out[name] = lines[lines.index("example:") + 1].strip()
+    return out
+
+
+def test_every_command_has_a_help_example():
+    assert set(_examples()) == {"inspect", "verify", "optimize", "export", "run", "demo"}
+
+
+@pytest.mark.parametrize("command", ["inspect", "verify", "optimize", "export", "run", "demo"])
+def test_each_help_example_runs_as_printed(command, tmp_path, monkeypatch, capsys):
+    example = _examples()[command]
+    assert example.startswith(f"onnxforge {command}")
+    monkeypatch.chdir(tmp_path)
+    assert main(shlex.split(example)[1:]) == 0
+    assert capsys.readouterr().out
+
+
+def test_help_shows_the_example(capsys):
+    with pytest.raises(SystemExit):
+        main(["optimize", "--help"])
+    assert "onnxforge optimize builtin:decoder -o decoder.opt.onnx" in capsys.readouterr().out
+
+
+def test_run_writes_outputs_equal_to_onnxruntime(tmp_path, capsys):
+    import numpy as np
+    import onnxruntime as ort
+
+    import onnxforge as of
+    from onnxforge.samples import build_builtin
+
+    std = of.to_standard_onnx(build_builtin("decoder"))
+    sess = ort.InferenceSession(std.SerializeToString(), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(0)
+    feeds = {}
+    for i in sess.get_inputs():
+        shape = [d if isinstance(d, int) else 1 for d in i.shape]
+        if "int64" in i.type:
+            feeds[i.name] = np.zeros(shape, np.int64)
+        else:
+            feeds[i.name] = rng.standard_normal(shape).astype(np.float32)
+    feeds = {k: v for k, v in feeds.items() if k in {x.name for x in sess.get_inputs()}}
+    want = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
+    np.savez(tmp_path / "in.npz", **feeds)
+    out = tmp_path / "out.npz"
+    assert main(["run", "builtin:decoder", "--inputs", str(tmp_path / "in.npz"), "-o", str(out),
+                 "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["model"] == "builtin:decoder" and report["allocated_bytes"] > 0
+    with np.load(out) as got:
+        np.testing.assert_allclose(got["logits"], want["logits"], rtol=1e-5, atol=1e-5)
+
+
+def test_run_rejects_a_feed_the_model_does_not_have(tmp_path, capsys):
+    import numpy as np
+
+    np.savez(tmp_path / "in.npz", nonsense=np.zeros(3, np.float32))
+    assert main(["run", "builtin:decoder", "--inputs", str(tmp_path / "in.npz")]) != 0
+    err = capsys.readouterr().err
+    assert "nonsense" in err and "Traceback" not in err

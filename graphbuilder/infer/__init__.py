@@ -2,8 +2,17 @@
 
 Rules are grouped by family: :mod:`.elementwise`, :mod:`.shape_ops`, :mod:`.reduce`,
 :mod:`.nn`, :mod:`.attention` (ONNX opset-23 attention operators and the
-onnxruntime ``com.microsoft`` ones), :mod:`.control_flow` (``If``/``Loop``/``Scan``),
-:mod:`.sequence` and :mod:`.onnxforge_ops` (``ai.onnxforge`` ``CacheUpdate``).
+onnxruntime ``com.microsoft`` ones), :mod:`.vision` (convolution, pooling,
+resampling, detection), :mod:`.recurrent` (``RNN``/``GRU``/``LSTM``, linear
+attention), :mod:`.misc` (quantization, ``Einsum``, spectral, random, losses,
+strings, data-dependent lengths, training), :mod:`.ml` (``ai.onnx.ml``),
+:mod:`.control_flow` (``If``/``Loop``/``Scan``), :mod:`.sequence` and
+:mod:`.onnxforge_ops` (``ai.onnxforge`` ``CacheUpdate``).
+
+Every operator of the default and ``ai.onnx.ml`` domains (and of onnx's preview
+domains) that ``onnx.shape_inference`` types has a rule at every opset from 7;
+``tests/graphbuilder/test_infer_corpus.py`` checks them against onnx on its
+backend node-test corpus.
 
 A new rule is a few lines::
 
@@ -13,18 +22,22 @@ A new rule is a few lines::
 """
 from __future__ import annotations
 
-from onnxforge.graphbuilder.infer import _base
-from onnxforge.graphbuilder.infer._base import *  # noqa: F403  (the rule interface)
 from onnxforge.graphbuilder.infer import (  # noqa: F401  (importing registers the rules)
+    _base,
     attention,
     control_flow,
     elementwise,
+    misc,
+    ml,
     nn,
     onnxforge_ops,
+    recurrent,
     reduce,
     sequence,
     shape_ops,
+    vision,
 )
+from onnxforge.graphbuilder.infer._base import *
 
 __all__: list[str] = []
 __all__ += _base.__all__

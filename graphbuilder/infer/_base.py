@@ -24,10 +24,20 @@ from typing import Any, NoReturn
 
 import numpy as np
 from onnx import TensorProto
-
 from onnxforge.graphbuilder.ir import Node, Value
-from onnxforge.graphbuilder.shapes import ShapeError, ShapesContext, SymTensor, _node_label
-from onnxforge.graphbuilder.symbolic import Dim, SymbolicError, SymExpr, as_dim, dims_equal
+from onnxforge.graphbuilder.shapes import (
+    ShapeError,
+    ShapesContext,
+    SymTensor,
+    _node_label,
+)
+from onnxforge.graphbuilder.symbolic import (
+    Dim,
+    SymbolicError,
+    SymExpr,
+    as_dim,
+    dims_equal,
+)
 from onnxforge.proto_ext.types import SparseTensorType, TensorType, Type
 
 __all__ = [
@@ -78,7 +88,7 @@ def registered() -> list[tuple[str, str]]:
 class NodeInference:
     """One node as a rule sees it: typed access to inputs, attributes and outputs."""
 
-    __slots__ = ("ctx", "node", "_ins", "_label")
+    __slots__ = ("_ins", "_label", "ctx", "node")
 
     def __init__(self, ctx: ShapesContext, node: Node):
         self.ctx = ctx
@@ -156,7 +166,7 @@ class NodeInference:
     def type(self, i: int) -> Type:
         return self.ctx.type_of(self.input(i))
 
-    def tensor(self, i: int) -> TensorType | None:
+    def tensor(self, i: int) -> TensorType | SparseTensorType | None:
         t = self.type(i)
         return t if isinstance(t, (TensorType, SparseTensorType)) else None
 

@@ -14,7 +14,6 @@ content is known, else ``kv_seq``).
 from __future__ import annotations
 
 from onnx import TensorProto
-
 from onnxforge.graphbuilder.infer._base import NodeInference, register
 from onnxforge.graphbuilder.infer.nn import stats_shape
 from onnxforge.graphbuilder.ir import MUST_ALIAS

@@ -21,12 +21,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from onnx import TensorProto
-
 from onnxforge.graphbuilder.infer._base import NodeInference, register
 from onnxforge.graphbuilder.ir import Graph
 from onnxforge.graphbuilder.shapes import ShapeError, format_type
 from onnxforge.graphbuilder.symbolic import Dim, dims_equal
-from onnxforge.proto_ext.types import OptionalType, SequenceType, TensorType, Type, type_name
+from onnxforge.proto_ext.types import (
+    OptionalType,
+    SequenceType,
+    TensorType,
+    Type,
+    type_name,
+)
 
 __all__ = ["join_types"]
 
@@ -100,7 +105,8 @@ def _carried(op: NodeInference, body: Graph, bound: Sequence[Type], init: Sequen
         return []
     trial = op.ctx.scratch()
     outs = trial.infer_subgraph(body, list(bound), f"trial body of {op.label}")
-    return [join_types(a, b, f"{op.label} carried value {k}", fresh=True, op=op)
+    return [a if b is not None and isinstance(a, OptionalType) != isinstance(b, OptionalType) else
+            join_types(a, b, f"{op.label} carried value {k}", fresh=True, op=op)
             for k, (a, b) in enumerate(zip(init, outs[out_offset:out_offset + len(init)]))]
 
 
@@ -117,12 +123,30 @@ def _loop(op: NodeInference) -> None:
     carried = _carried(op, body, [scalar_i64, scalar_bool, *init], init, 1)
     outs = op.ctx.infer_subgraph(body, [scalar_i64, scalar_bool, *carried], f"body of {op.label}")
     for k in range(n_state):
-        op.set_type(k, join_types(init[k], outs[1 + k], f"{op.label} carried value {k}"))
+        op.set_type(k, _final_state(init[k], op.ctx.type_of(body.inputs[2 + k]), outs[1 + k],
+                                    f"{op.label} carried value {k}"))
     trip = op.ints(0) if op.has(0) and not op.has(1) else None
     count: Dim = trip[0] if trip is not None and len(trip) == 1 else None
     for j, t in enumerate(outs[1 + n_state:]):
         if isinstance(t, TensorType):
             op.set(n_state + j, t.elem_type, None if t.shape is None else [count, *t.shape])
+
+
+def _innermost_shape_known(t: Type) -> bool:
+    while isinstance(t, (SequenceType, OptionalType)):
+        t = t.elem
+    return isinstance(t, TensorType) and t.shape is not None
+
+
+def _final_state(init: Type, body_in: Type, body_out: Type, what: str) -> Type:
+    """The type of a carried value after the loop: what the body's input (bound to a type
+    valid for the initial value and every iteration, refined by its declaration) and its
+    output have in common; the body's output alone when the initial value is an optional
+    (an absent initial value) or has no known shape (as an empty sequence)."""
+    if body_out is not None and (isinstance(init, OptionalType) != isinstance(body_out, OptionalType)
+                                 or not _innermost_shape_known(init)):
+        return body_out
+    return join_types(body_in if body_in is not None else init, body_out, what)
 
 
 def _scan_axes(op: NodeInference, name: str, n: int) -> list[int]:
@@ -140,6 +164,9 @@ def _scan(op: NodeInference) -> None:
     m = op.int_attr("num_scan_inputs")
     if m is None:
         op.fail("needs num_scan_inputs")
+    if op.version < 9:
+        _scan8(op, body, m)
+        return
     if not 0 <= m <= op.n_inputs:
         op.fail(f"num_scan_inputs {m} is out of range for {op.n_inputs} inputs")
     n_state = op.n_inputs - m
@@ -158,13 +185,44 @@ def _scan(op: NodeInference) -> None:
     carried = _carried(op, body, [*init, *slices], init, 0)
     outs = op.ctx.infer_subgraph(body, [*carried, *slices], f"body of {op.label}")
     for k in range(n_state):
-        op.set_type(k, join_types(init[k], outs[k], f"{op.label} state {k}"))
+        op.set_type(k, _final_state(init[k], op.ctx.type_of(body.inputs[k]), outs[k], f"{op.label} state {k}"))
     k_out = len(outs) - n_state
     out_axes = _scan_axes(op, "scan_output_axes", k_out)
-    for j, t in enumerate(outs[n_state:]):
-        if isinstance(t, TensorType):
-            if t.shape is None:
-                op.set(n_state + j, t.elem_type, None)
+    for j, out_t in enumerate(outs[n_state:]):
+        if isinstance(out_t, TensorType):
+            if out_t.shape is None:
+                op.set(n_state + j, out_t.elem_type, None)
                 continue
-            a = op.norm_axis(out_axes[j], len(t.shape) + 1, "scan output axis")
-            op.set(n_state + j, t.elem_type, [*t.shape[:a], length, *t.shape[a:]])
+            a = op.norm_axis(out_axes[j], len(out_t.shape) + 1, "scan output axis")
+            op.set(n_state + j, out_t.elem_type, [*out_t.shape[:a], length, *out_t.shape[a:]])
+
+
+def _scan8(op: NodeInference, body: Graph, m: int) -> None:
+    """Scan-8: input 0 is the optional ``sequence_lens``; every other input and output
+    has a leading batch axis, the scan axis is axis 1 of the scan inputs."""
+    n_state = op.n_inputs - 1 - m
+    if n_state < 0:
+        op.fail(f"num_scan_inputs {m} is out of range for {op.n_inputs} inputs")
+    batch: Dim = None
+    length: Dim = None
+    init: list[Type] = []
+    for k in range(n_state):
+        t = op.tensor(1 + k)
+        if t is not None and t.shape:
+            batch = batch if batch is not None else t.shape[0]
+        init.append(None if t is None else TensorType(t.elem_type, None if not t.shape else t.shape[1:]))
+    slices: list[Type] = []
+    for j in range(m):
+        t = op.tensor(1 + n_state + j)
+        if t is None or t.shape is None or len(t.shape) < 2:
+            slices.append(None if t is None else TensorType(t.elem_type, None))
+            continue
+        batch = batch if batch is not None else t.shape[0]
+        length = length if length is not None else t.shape[1]
+        slices.append(TensorType(t.elem_type, t.shape[2:]))
+    carried = _carried(op, body, [*init, *slices], init, 0)
+    outs = op.ctx.infer_subgraph(body, [*carried, *slices], f"body of {op.label}")
+    for k, out_t in enumerate(outs):
+        if isinstance(out_t, TensorType):
+            extra = [batch] if k < n_state else [batch, length]
+            op.set(k, out_t.elem_type, None if out_t.shape is None else [*extra, *out_t.shape])

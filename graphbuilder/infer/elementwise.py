@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from types import NoneType
 from typing import Any
 
 from onnx import TensorProto
-
 from onnxforge.graphbuilder.infer._base import (
     INT_TYPES,
     NodeInference,
@@ -23,6 +23,7 @@ from onnxforge.graphbuilder.infer._base import (
     register,
 )
 from onnxforge.graphbuilder.symbolic import SymExpr, dims_equal, sym_max, sym_min
+from onnxforge.proto_ext.types import TensorType
 
 __all__: list[str] = []
 
@@ -56,6 +57,9 @@ _UNARY_VALUES: dict[str, Callable[[Any], Any]] = {"Neg": _neg, "Abs": _abs, "Ide
 
 @register(*_UNARY_SAME)
 def _unary(op: NodeInference) -> None:
+    if op.node.op_type == "Identity" and not isinstance(op.type(0), (TensorType, NoneType)):
+        op.set_type(0, op.type(0))  # sequences, optionals, maps pass through
+        return
     op.same_as_input()
     fn = _UNARY_VALUES.get(op.node.op_type)
     if fn is not None and (op.node.op_type == "Identity" or op.elem(0) in INT_TYPES):
@@ -240,5 +244,5 @@ def _cast_like(op: NodeInference) -> None:
 @register("Dropout")
 def _dropout(op: NodeInference) -> None:
     op.same_as_input()
-    if op.has_output(1):
-        op.same_as_input(1, 0, elem=BOOL)
+    if op.has_output(1):  # the mask is boolean from opset 10, of the input's type before
+        op.same_as_input(1, 0, elem=BOOL if op.version >= 10 else None)

@@ -3,7 +3,6 @@ the shape-preserving normalisations."""
 from __future__ import annotations
 
 from onnx import TensorProto
-
 from onnxforge.graphbuilder.infer._base import NodeInference, broadcast_shapes, register
 from onnxforge.graphbuilder.symbolic import Dim
 
@@ -73,6 +72,8 @@ def _layer_norm(op: NodeInference) -> None:
 def _same_shape_norm(op: NodeInference) -> None:
     op.same_as_input()
     if op.node.op_type == "BatchNormalization":
-        for i in (1, 2):
+        # running mean / variance have the shape of the inputs they update; the saved
+        # statistics of opsets before 14 (outputs 3 and 4) have the shape of the scale
+        for i, src in ((1, 3), (2, 4), (3, 1), (4, 1)):
             if op.has_output(i):
-                op.same_as_input(i, 3 + (i - 1))
+                op.same_as_input(i, src)

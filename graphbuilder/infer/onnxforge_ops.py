@@ -15,7 +15,6 @@ expressions whose difference is a number)::
 from __future__ import annotations
 
 from onnx import TensorProto
-
 from onnxforge.graphbuilder.infer._base import NodeInference, register
 from onnxforge.graphbuilder.opschemas import ONNXFORGE_DOMAIN
 from onnxforge.graphbuilder.symbolic import as_dim

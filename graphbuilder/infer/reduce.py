@@ -7,7 +7,6 @@ that input is given but its content is unknown, only the rank is known (with
 from __future__ import annotations
 
 from onnx import TensorProto
-
 from onnxforge.graphbuilder.infer._base import INT_TYPES, NodeInference, register
 from onnxforge.graphbuilder.shapes import SymTensor
 from onnxforge.graphbuilder.symbolic import Dim, SymExpr, product, sum_dims

@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 from onnx import TensorProto
-
 from onnxforge.graphbuilder.infer._base import NodeInference, register
 from onnxforge.graphbuilder.infer.control_flow import join_types
+from onnxforge.graphbuilder.ir import Graph
 from onnxforge.proto_ext.types import OptionalType, SequenceType, TensorType, Type
 
 __all__: list[str] = []
@@ -98,3 +98,19 @@ def _optional_get(op: NodeInference) -> None:
 @register("OptionalHasElement")
 def _optional_has(op: NodeInference) -> None:
     op.set(0, TensorProto.BOOL, ())
+
+
+@register("SequenceMap")
+def _sequence_map(op: NodeInference) -> None:
+    """The body runs once per element: sequence inputs bind their element type, tensor
+    inputs themselves; each output is a sequence of the body's output type."""
+    body = op.attr("body")
+    if not isinstance(body, Graph):
+        op.fail("needs a body graph")
+    bound: list[Type] = []
+    for i in range(op.n_inputs):
+        t = op.type(i)
+        bound.append(t.elem if isinstance(t, SequenceType) else t)
+    outs = op.ctx.infer_subgraph(body, bound, f"body of {op.label}")
+    for k, t in enumerate(outs):
+        op.set_type(k, SequenceType(t if t is not None else TensorType(0, None)))

@@ -17,11 +17,11 @@ end"), which is what a valid model guarantees.
 from __future__ import annotations
 
 import math
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, TypeGuard
 
 import numpy as np
 from onnx import TensorProto
-
 from onnxforge.graphbuilder.infer._base import NodeInference, broadcast_shapes, register
 from onnxforge.graphbuilder.shapes import MAX_CONST_ELEMENTS, SymTensor, trackable
 from onnxforge.graphbuilder.symbolic import (
@@ -42,7 +42,7 @@ INT64 = TensorProto.INT64
 _BIG = 2 ** 31
 
 
-def _concrete(dims: Any) -> bool:
+def _concrete(dims: Any) -> TypeGuard[Sequence[int]]:
     return dims is not None and all(isinstance(d, int) for d in dims)
 
 
@@ -61,7 +61,7 @@ def _unknown_dims(n: int | None) -> list[None] | None:
     return None if n is None else [None] * n
 
 
-def _reshape_value(op: NodeInference, dims: list[Any]) -> None:
+def _reshape_value(op: NodeInference, dims: Sequence[Any]) -> None:
     """Carry input 0's known content to output 0 with the (concrete) shape ``dims``."""
     v = op.value(0)
     if v is not None:
@@ -179,7 +179,7 @@ def _unsqueeze(op: NodeInference) -> None:
     norm = sorted(op.norm_axis(a, out_r, "unsqueeze axis") for a in axes)
     if len(set(norm)) != len(norm):
         op.fail(f"repeated axis in {axes}")
-    dims = list(s) if s is not None else [None] * r
+    dims: list[Dim] = list(s) if s is not None else [None] * r
     for a in norm:
         dims.insert(a, 1)
     op.set(0, op.elem(0), dims)
@@ -197,7 +197,7 @@ def _squeeze(op: NodeInference) -> None:
         if not _concrete(s):
             op.set(0, op.elem(0), None)
             return
-        keep = [d for d in s if d != 1]
+        keep: list[Dim] = [d for d in s if d != 1]
     else:
         norm = {op.norm_axis(a, len(s), "squeeze axis") for a in axes}
         for a in norm:
@@ -350,8 +350,8 @@ def _split(op: NodeInference) -> None:
     v = op.value(0)
     if v is not None and _concrete(sizes):
         offsets = np.cumsum(sizes)[:-1].tolist()
-        for i, part in enumerate(np.split(v.data, offsets, axis=a)):
-            op.set_value(i, SymTensor(v.elem_type, part))
+        for i, piece in enumerate(np.split(v.data, offsets, axis=a)):
+            op.set_value(i, SymTensor(v.elem_type, piece))
 
 
 def _slice_len(d: Dim, start: Any, end: Any, step: Any) -> Dim:
@@ -432,8 +432,8 @@ def _expand(op: NodeInference) -> None:
     s = op.shape(0)
     elem = op.elem(0)
     if target is None:
-        n = _static_length(op, 1)
-        op.set(0, elem, None if n is None or s is None else [None] * max(n, len(s)))
+        n = _static_length(op, 1)  # each data dimension other than 1 survives the broadcast
+        op.set(0, elem, None if n is None or s is None else broadcast_shapes(op, s, [None] * n))
         return
     out = broadcast_shapes(op, s, target)
     op.set(0, elem, out)
@@ -525,7 +525,8 @@ def _nonzero(op: NodeInference) -> None:
 @register("TopK")
 def _topk(op: NodeInference) -> None:
     s = op.shape(0)
-    k = op.ints(1)
+    k_attr = op.int_attr("k") if op.version < 10 else None  # TopK-1: k is an attribute
+    k = [k_attr] if k_attr is not None else op.ints(1)
     out = None
     if s is not None:
         a = op.norm_axis(op.int_attr("axis", -1), len(s))

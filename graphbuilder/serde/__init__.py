@@ -42,7 +42,7 @@ from typing import IO, Any, Union
 
 import onnx
 
-from onnxforge.errors import WireError
+from onnxforge.proto_ext.errors import WireError
 from onnxforge.graphbuilder.ir import Model
 from onnxforge.graphbuilder.serde._decode import Decoder
 from onnxforge.graphbuilder.serde._encode import Encoder, PayloadPlan

@@ -20,7 +20,7 @@ from typing import Any
 
 from onnx import AttributeProto as _AP
 
-from onnxforge.errors import VerificationError, Violation
+from onnxforge.proto_ext.errors import VerificationError, Violation
 from onnxforge.graphbuilder.ir import Alias, Attr, Function, Graph, Model, Node, Value
 from onnxforge.graphbuilder.serde import _common as C
 from onnxforge.graphbuilder.serde._tensors import TensorDecoder, Where
@@ -39,7 +39,7 @@ _VALUE_FIELD_NUMBER = {_AP.FLOAT: 2, _AP.INT: 3, _AP.STRING: 4, _AP.TENSOR: 5, _
                        _AP.FLOATS: 7, _AP.INTS: 8, _AP.STRINGS: 9, _AP.TENSORS: 10, _AP.GRAPHS: 11,
                        _AP.TYPE_PROTO: 14, _AP.TYPE_PROTOS: 15, _AP.SPARSE_TENSOR: 22,
                        _AP.SPARSE_TENSORS: 23}
-_VALUE_FIELD_NAME = {t: schema.AttributeProto.DESCRIPTOR.fields_by_number[n].name
+_VALUE_FIELD_NAME: dict[int, str] = {t: schema.AttributeProto.DESCRIPTOR.fields_by_number[n].name
                      for t, n in _VALUE_FIELD_NUMBER.items()}
 _LIST_TYPES = frozenset({_AP.FLOATS, _AP.INTS, _AP.STRINGS, _AP.TENSORS, _AP.GRAPHS,
                          _AP.TYPE_PROTOS, _AP.SPARSE_TENSORS})
@@ -533,7 +533,8 @@ class Decoder:
         if atype == _AP.TENSOR:
             return self.tensors.tensor(val, lambda: where + ".t")
         if atype == _AP.TENSORS:
-            return [self.tensors.tensor(t, lambda j=j: f"{where}.tensors[{j}]") for j, t in enumerate(val)]
+            return [self.tensors.tensor(t, lambda j=j: f"{where}.tensors[{j}]")  # type: ignore[misc]
+                    for j, t in enumerate(val)]
         if atype == _AP.GRAPH:
             deferred.append((a, -1, val, where + ".g", None))
             return None

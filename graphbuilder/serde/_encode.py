@@ -19,7 +19,7 @@ import numpy as np
 from onnx import AttributeProto as _AP
 from onnx import TensorProto
 
-from onnxforge.errors import CodecError, ExternalDataError
+from onnxforge.proto_ext.errors import CodecError, ExternalDataError
 from onnxforge.graphbuilder.ir import Alias, Attr, Function, Graph, Model, Node, Value
 from onnxforge.graphbuilder.serde import _common as C
 from onnxforge.graphbuilder.tensors import EncodedTensor, Tensor
@@ -290,8 +290,8 @@ class Encoder:
                 or g.initializers or g.encoded_initializers or g.extra):
             self.graph(g, mp.graph, main=True)
         if "metadata_props" not in taken:
-            for k, v in m.metadata.items():
-                mp.metadata_props.add(key=k, value=v)
+            for key, text in m.metadata.items():
+                mp.metadata_props.add(key=key, value=text)
         for fn in m.functions.values():
             self.function(fn, mp.functions.add())
         if "struct_types" not in taken:
@@ -667,8 +667,8 @@ class Encoder:
                 fp.opset_import.add(domain=d, version=v)
         self._value_infos(f, fp.value_info, set(), described)
         if "metadata_props" not in taken:
-            for k, v in f.metadata.items():
-                fp.metadata_props.add(key=k, value=v)
+            for key, text in f.metadata.items():
+                fp.metadata_props.add(key=key, value=text)
 
 
 def _bytes(s: str | bytes) -> bytes:

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from onnxforge.errors import ExternalDataError
+from onnxforge.proto_ext.errors import ExternalDataError
 from onnxforge.graphbuilder.serde import _common as C
 from onnxforge.graphbuilder.tensors import EncodedTensor, Tensor
 from onnxforge.proto_ext import schema

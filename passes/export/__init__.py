@@ -9,6 +9,12 @@ operators, target-opset conversion, checks, and the sidecar writer.
 from __future__ import annotations
 
 from onnxforge.passes.export.feedback import export_to_dir, read_feedback
+from onnxforge.passes.export.sidecar import (
+    ConfigChange,
+    SidecarError,
+    SidecarResult,
+    copy_sidecar_files,
+)
 from onnxforge.passes.export.standard import (
     FEEDBACK_KEY,
     Construct,
@@ -19,8 +25,12 @@ from onnxforge.passes.export.standard import (
 
 __all__ = [
     "FEEDBACK_KEY",
+    "ConfigChange",
     "Construct",
+    "SidecarError",
+    "SidecarResult",
     "collect_constructs",
+    "copy_sidecar_files",
     "export_to_dir",
     "non_standard_nodes",
     "read_feedback",

@@ -7,32 +7,31 @@ and ``genai_config.json`` when the source came with one.
     # out/model.onnx          standard ONNX (external data in model.onnx.data when large)
     # out/feedback.json       {"cache.0.key": "present.0.key", ...}  (persistent bindings)
     # out/genai_config.json   the source's config, with filename and past/present sharing updated
+    # out/genai_config.changes.json  what was changed in it, and why
 
 ``feedback.json`` holds the lowered persistent bindings: after each call, feed
 the value of each output as the named input of the next call. A model without
 bindings gets an empty mapping.
 
-The onnxruntime-genai configuration is copied with ``model.decoder.filename``
-set to the written file and ``search.past_present_share_buffer`` set to false
-unless the exported graph still shares past and present buffers (a kept
-``com.microsoft::GroupQueryAttention``): the lowered graph's present cache is
-``concat(past, new)``, a different tensor from its past input. Input and output
-names in the configuration are kept (the export does not rename graph inputs
-or outputs); names the configuration lists that the exported model lacks are
-reported by :class:`~onnxforge.errors.ExportError`.
+The onnxruntime-genai configuration and the other sidecar files of the source
+folder (tokenizer files...) are copied by
+:func:`~onnxforge.passes.export.sidecar.copy_sidecar_files`: the decoder's
+``filename`` names the written file and ``search.past_present_share_buffer``
+becomes false unless the exported graph still shares past and present buffers
+(a kept ``com.microsoft::GroupQueryAttention``). Each change is recorded in
+``genai_config.changes.json`` (see :class:`~onnxforge.passes.export.sidecar.ConfigChange`).
 """
 from __future__ import annotations
 
 import json
 import os
-import shutil
 from collections.abc import Iterable
 from typing import Any
 
 import onnx
 
-from onnxforge.errors import ExportError
-from onnxforge.passes.export.opset import proto_graphs
+from onnxforge.proto_ext.errors import ExportError
+from onnxforge.passes.export.sidecar import GENAI_CONFIG, copy_sidecar_files, genai_config_changes
 from onnxforge.passes.export.standard import FEEDBACK_KEY, to_standard_onnx
 
 __all__ = ["EXTERNAL_THRESHOLD", "export_to_dir", "read_feedback", "update_genai_config"]
@@ -40,7 +39,6 @@ __all__ = ["EXTERNAL_THRESHOLD", "export_to_dir", "read_feedback", "update_genai
 EXTERNAL_THRESHOLD = 256 * 1024 * 1024
 """Models whose weights reach this many bytes are written with external data."""
 
-GENAI_CONFIG = "genai_config.json"
 FEEDBACK_FILE = "feedback.json"
 
 
@@ -64,48 +62,10 @@ def _source_dir(model: Any) -> str | None:
     return getattr(model, "model_dir", None)
 
 
-def _shares_buffers(proto: onnx.ModelProto) -> bool:
-    for g, _ in proto_graphs(proto.graph):
-        for n in g.node:
-            if n.domain == "com.microsoft" and n.op_type in ("GroupQueryAttention", "PagedAttention"):
-                return True
-    return False
-
-
 def update_genai_config(config: dict[str, Any], proto: onnx.ModelProto, filename: str) -> dict[str, Any]:
-    """A copy of an onnxruntime-genai configuration describing the exported ``proto``."""
-    out = json.loads(json.dumps(config))
-    decoder = out.setdefault("model", {}).setdefault("decoder", {})
-    decoder["filename"] = filename
-    inputs = {i.name for i in proto.graph.input}
-    outputs = {o.name for o in proto.graph.output}
-    problems: list[tuple[str, str]] = []
-    for section, names in (("inputs", inputs), ("outputs", outputs)):
-        for key, pattern in dict(decoder.get(section, {})).items():
-            if not isinstance(pattern, str):
-                continue
-            if "%d" in pattern:
-                if not any(_matches(pattern, n) for n in names):
-                    problems.append((f"genai_config.model.decoder.{section}.{key}",
-                                     f"{pattern!r} matches no {section[:-1]} of the exported model"))
-            elif pattern not in names:
-                if key in ("position_ids", "attention_mask") and section == "inputs":
-                    continue  # optional inputs GenAI feeds only when the model has them
-                problems.append((f"genai_config.model.decoder.{section}.{key}",
-                                 f"{pattern!r} is not an {section[:-1]} of the exported model"))
-    if problems:
-        raise ExportError(problems)
-    search = out.setdefault("search", {})
-    search["past_present_share_buffer"] = bool(search.get("past_present_share_buffer", False)) and \
-        _shares_buffers(proto)
-    return out
-
-
-def _matches(pattern: str, name: str) -> bool:
-    head, _, tail = pattern.partition("%d")
-    if not (name.startswith(head) and name.endswith(tail)) or len(name) <= len(head) + len(tail):
-        return False
-    return name[len(head):len(name) - len(tail)].isdigit()
+    """A copy of an onnxruntime-genai configuration describing the exported ``proto``
+    (the changes themselves: :func:`~onnxforge.passes.export.sidecar.genai_config_changes`)."""
+    return genai_config_changes(config, proto, filename)[0]
 
 
 def _weights_bytes(proto: onnx.ModelProto) -> int:
@@ -119,10 +79,11 @@ def export_to_dir(model: Any, out_dir: str | os.PathLike[str], *, target_opset: 
 
     Writes ``filename`` (with ``filename + ".data"`` external data when
     ``external_data`` is True, or by default when the weights reach
-    :data:`EXTERNAL_THRESHOLD`), ``feedback.json``, and ``genai_config.json``
-    when the source model's folder has one (plus the tokenizer files found next
-    to it, so onnxruntime-genai can load the folder). Returns ``{kind: path}`` of
-    the files written.
+    :data:`EXTERNAL_THRESHOLD`), ``feedback.json``, and, when the source model's
+    folder has a ``genai_config.json``, the updated configuration, the record of
+    its changes (``genai_config.changes.json``, key ``"genai_config_changes"``)
+    and the folder's other sidecar files (tokenizer files...), so onnxruntime-genai
+    can load the folder. Returns ``{kind or file name: path}`` of the files written.
     """
     out_dir = os.fspath(out_dir)
     src = _source_dir(model)
@@ -148,17 +109,16 @@ def export_to_dir(model: Any, out_dir: str | os.PathLike[str], *, target_opset: 
         json.dump(feedback, fh, indent=2)
     written["feedback"] = fb_path
     if src is not None and os.path.isfile(os.path.join(src, GENAI_CONFIG)):
-        with open(os.path.join(src, GENAI_CONFIG), encoding="utf-8") as fh:
-            config = json.load(fh)
-        cfg_path = os.path.join(out_dir, GENAI_CONFIG)
-        with open(cfg_path, "w", encoding="utf-8") as fh:
-            json.dump(update_genai_config(config, proto, filename), fh, indent=4)
-        written["genai_config"] = cfg_path
-        for extra in os.listdir(src):
-            if extra.startswith("tokenizer") or extra in ("special_tokens_map.json", "vocab.json",
-                                                          "merges.txt", "chat_template.jinja"):
-                dst = os.path.join(out_dir, extra)
-                if os.path.abspath(dst) != os.path.abspath(os.path.join(src, extra)):
-                    shutil.copyfile(os.path.join(src, extra), dst)
-                    written[extra] = dst
+        sidecar = copy_sidecar_files(src, out_dir, model_filename=filename, model=proto,
+                                     source_model=_source_name(model),
+                                     exclude=[FEEDBACK_FILE, filename + ".data"])
+        written["genai_config"] = sidecar.genai_config or ""
+        written["genai_config_changes"] = sidecar.changes_file or ""
+        written.update(sidecar.copied)
     return written
+
+
+def _source_name(model: Any) -> str | None:
+    if isinstance(model, (str, os.PathLike)):
+        return os.path.basename(os.fspath(model))
+    return None

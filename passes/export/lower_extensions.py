@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 from onnx import TensorProto
 
-from onnxforge.errors import OnnxforgeError, VerificationError
+from onnxforge.proto_ext.errors import OnnxforgeError, VerificationError
 from onnxforge.graphbuilder.ir import READ_ONLY, Graph, Model, Node, Value
 from onnxforge.graphbuilder.names import NameScope
 from onnxforge.graphbuilder.opschemas import ONNXFORGE_DOMAIN
@@ -81,7 +81,7 @@ DECODER_DOMAIN = "onnxforge.export.decoder"
 NEW_NODE = "onnxforge.export.new"
 """``Node.meta`` key marking nodes a lowering emitted at the target opset."""
 
-_SUBBYTE_STORAGE = {TensorProto.INT4: 4, TensorProto.UINT4: 4, TensorProto.INT2: 2,
+_SUBBYTE_STORAGE: dict[int, int] = {TensorProto.INT4: 4, TensorProto.UINT4: 4, TensorProto.INT2: 2,
                     TensorProto.UINT2: 2}
 
 
@@ -126,14 +126,15 @@ class Emitter:
 
     def initializer(self, graph: Graph, tensor: Tensor | np.ndarray, hint: str) -> Value:
         """A dense initializer holding ``tensor``."""
-        t = tensor if isinstance(tensor, Tensor) else Tensor.from_numpy(np.ascontiguousarray(tensor))
+        # np.ascontiguousarray would turn a 0-d array into shape (1,)
+        t = tensor if isinstance(tensor, Tensor) else Tensor.from_numpy(np.array(tensor, order="C"))
         v = Value(self.fresh(hint), TensorType(t.dtype, tuple(t.dims)))
         graph.add_initializer(v, t)
         return v
 
     def const(self, graph: Graph, array: Any, hint: str = "const") -> Value:
         """A small constant initializer, shared by identical requests in one graph."""
-        arr = np.ascontiguousarray(np.asarray(array))
+        arr = np.array(array, order="C")  # keeps 0-d arrays scalar
         key = (id(graph), arr.dtype.str, arr.shape, arr.tobytes())
         v = self._consts.get(key)
         if v is None or v.graph is not graph or v.const is None:
@@ -366,7 +367,7 @@ def _payload(value: Value, ctx: LowerContext, path: str) -> Any:
     inline bytes, or (for a header that still only references its file) a fresh mapping."""
     from onnxforge.proto_ext.codecs.decode import payload_of
 
-    enc: EncodedTensor = value.const
+    enc: EncodedTensor = value.const  # type: ignore[assignment]  # called for encoded initializers
     header = enc.header
     if enc.external is not None and len(header.raw_data):
         return header.raw_data
@@ -385,7 +386,7 @@ def lower_encoded_initializer(value: Value, ctx: LowerContext, path: str) -> Non
 def _lower_affine(value: Value, ctx: LowerContext, path: str) -> None:
     from onnxforge.proto_ext.codecs.affine import affine_payload_nbytes
 
-    g: Graph = value.graph
+    g: Graph = value.graph  # type: ignore[assignment]  # initializers live in graphs
     em = ctx.emitter
     header: EncodedValue = value.const.header
     a = header.affine
@@ -433,7 +434,7 @@ def _lower_struct(value: Value, ctx: LowerContext, path: str) -> None:
     from onnxforge.proto_ext.codecs.bits import pack_codes
     from onnxforge.proto_ext.sizes import record_layout
 
-    g: Graph = value.graph
+    g: Graph = value.graph  # type: ignore[assignment]  # initializers live in graphs
     em = ctx.emitter
     header: EncodedValue = value.const.header
     decl = _resolve(header, ctx.catalogue)
@@ -512,7 +513,7 @@ def _check_cache_update(node: Node, ctx: LowerContext) -> str | None:
 
 
 def _lower_cache_update(node: Node, ctx: LowerContext) -> None:
-    g: Graph = node.graph
+    g: Graph = node.graph  # type: ignore[assignment]  # local functions are inlined before lowering
     em = ctx.emitter
     cache, values, position = node.inputs[:3]
     axis = _cache_axis(node)

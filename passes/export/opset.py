@@ -24,7 +24,7 @@ from typing import Any
 import onnx
 import onnx.version_converter
 
-from onnxforge.errors import ExportError
+from onnxforge.proto_ext.errors import ExportError
 from onnxforge.graphbuilder.ir import Model
 from onnxforge.passes.domains import imported_version, is_default_domain
 from onnxforge.passes.export.lower_extensions import NEW_NODE

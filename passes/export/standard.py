@@ -50,7 +50,7 @@ import onnx.inliner
 import onnx.shape_inference
 import onnx.version_converter
 
-from onnxforge.errors import ExportError, OnnxforgeError
+from onnxforge.proto_ext.errors import ExportError, OnnxforgeError
 from onnxforge.graphbuilder.ir import READ_ONLY, Graph, Model, Node, Value
 from onnxforge.graphbuilder.opschemas import get_schema
 from onnxforge.passes.domains import canonical_domain, imported_version, is_default_domain
@@ -389,7 +389,7 @@ def _drop_unused_imports(model: Model, keep: frozenset[str]) -> None:
         del model.opset_imports[dom]
 
 
-def _input_types(proto: onnx.ModelProto, op: str) -> dict[str, Any] | None:
+def _input_types(proto: onnx.ModelProto, op: str) -> list[Any] | None:
     """Value infos of the inputs of the first call of decoder ``op`` (None if unknown)."""
     typed = onnx.shape_inference.infer_shapes(proto)
     known = {vi.name: vi for vi in list(typed.graph.value_info) + list(typed.graph.input)}

@@ -41,7 +41,7 @@ import ml_dtypes
 import numpy as np
 from onnx import TensorProto
 
-from onnxforge.errors import CodecError
+from onnxforge.proto_ext.errors import CodecError
 from onnxforge.proto_ext.dtypes import np_dtype
 from onnxforge.proto_ext.types import FLOAT_TYPES
 

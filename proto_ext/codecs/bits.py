@@ -18,7 +18,7 @@ from typing import Any, Union
 import ml_dtypes
 import numpy as np
 
-from onnxforge.errors import CodecError
+from onnxforge.proto_ext.errors import CodecError
 
 __all__ = [
     "BufferLike",

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from onnxforge.errors import CodecError, VerificationError
+from onnxforge.proto_ext.errors import CodecError, VerificationError
 from onnxforge.proto_ext.catalogue import Catalogue
 from onnxforge.proto_ext.codecs.affine import affine_decode
 from onnxforge.proto_ext.codecs.records import read_fields
@@ -78,7 +78,7 @@ def run_decoder_function(decoder_proto: bytes, fields: dict[str, np.ndarray], pa
         result = ReferenceEvaluator(wrapper).run(None, {i: np.ascontiguousarray(fields[i]) for i in fn.input})
     except Exception as exc:  # the evaluator raises many kinds for a bad function body
         raise CodecError(f"{path}.decoder {fn.name!r} failed: {exc}") from exc
-    return np.asarray(result[0])
+    return np.asarray(result[0])  # type: ignore[index]  # run() gives a list unless intermediate=True
 
 
 def decode_encoded(header: EncodedValue, catalogue: Catalogue, *, model_dir: str | None = None,

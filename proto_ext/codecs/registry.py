@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 from onnx import TensorProto
 
-from onnxforge.errors import CodecError
+from onnxforge.proto_ext.errors import CodecError
 from onnxforge.proto_ext.sizes import RecordLayout
 from onnxforge.proto_ext.types import type_name
 

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 from onnx import TensorProto
 
-from onnxforge.errors import ExternalDataError
+from onnxforge.proto_ext.errors import ExternalDataError
 from onnxforge.proto_ext.catalogue import Catalogue
 from onnxforge.proto_ext.codecs.affine import STORAGE_BITS, affine_payload_nbytes
 from onnxforge.proto_ext.external import check_extent, check_location, parse_external_entries

@@ -4,7 +4,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from onnxforge.errors import Violation
+from onnxforge.proto_ext.errors import Violation
 from onnxforge.proto_ext.catalogue import Catalogue
 from onnxforge.proto_ext.sizes import LayoutCache
 from onnxforge.proto_ext.view import GraphView, ModelView

@@ -49,10 +49,6 @@ def check_names(view: ModelView, report: Report) -> None:
     _ssa_graph(view.graph, (), (), report)
     for f in view.functions:
         _ssa_function(f, report)
-        for v in f.value_infos:
-            if v.has_type and v.type is None:
-                report.add("N5", f"{f.path}.value_info[{v.name!r}].type",
-                           "the TypeProto holds no recognized case")
 
 
 def _initializer_names(g: GraphView, report: Report) -> None:
@@ -106,15 +102,20 @@ def _encoded_value_types(g: GraphView, report: Report) -> None:
 
 
 def _value_types(g: GraphView, report: Report) -> None:
-    # N5: a present TypeProto holds a case (struct_type alone is one); main-graph
-    # inputs and outputs are typed, tensors with a defined element type.
-    for kind, v in _value_specs(g):
-        path = f"{g.path}.{kind}[{v.name!r}].type"
-        if v.has_type and v.type is None:
-            report.add("N5", path, "the TypeProto holds no recognized case")
-        elif g.is_main and kind != "value_info":
+    # N5: struct_type alone is a valid type. Like onnx's checker, only main-graph inputs
+    # and outputs must be typed, by a recognized case (tensors with a defined element
+    # type); value_info entries and subgraph inputs and outputs may be untyped, with no
+    # TypeProto or an empty one (``type {}``).
+    if not g.is_main:
+        return
+    for kind, specs in (("input", g.inputs), ("output", g.outputs)):
+        for v in specs:
+            path = f"{g.path}.{kind}[{v.name!r}].type"
             if not v.has_type:
                 report.add("N5", path, f"main-graph {kind} {v.name!r} has no type")
+            elif v.type is None:
+                report.add("N5", path, f"main-graph {kind} {v.name!r}: the TypeProto holds no "
+                                       f"recognized case")
             elif isinstance(v.type, TensorType) and v.type.elem_type == TensorProto.UNDEFINED:
                 report.add("N5", path, f"main-graph {kind} {v.name!r} has elem_type UNDEFINED")
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from google.protobuf.unknown_fields import UnknownFieldSet
 
-from onnxforge.errors import Violation
+from onnxforge.proto_ext.errors import Violation
 from onnxforge.proto_ext.convert import text
 from onnxforge.proto_ext.view import function_path
 

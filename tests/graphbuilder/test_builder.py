@@ -31,6 +31,7 @@ from onnxforge.graphbuilder.builder import (
 from onnxforge.graphbuilder.ir import MUST_ALIAS, Alias, AttrType, Model
 from onnxforge.graphbuilder.opschemas import SchemaCheckError
 from onnxforge.proto_ext.types import ArrayKind, StructType, TensorType
+from onnxforge.graphbuilder.storage import Storage
 
 FLOAT, INT64, BOOL = TensorProto.FLOAT, TensorProto.INT64, TensorProto.BOOL
 INT4, INT8, UINT8, UINT4, INT2 = (TensorProto.INT4, TensorProto.INT8, TensorProto.UINT8,
@@ -273,7 +274,8 @@ def test_cache_update_gets_its_aliases_automatically() -> None:
     node = upd.producer()
     assert node.domain == "ai.onnxforge" and g.model.opset_imports["ai.onnxforge"] == 1
     assert node.output_alias == [Alias(0, 0, MUST_ALIAS)]
-    assert node.has_side_effects() and upd.alias_root() is cache
+    st = Storage(g.model)
+    assert st.has_side_effects(node) and st.root(upd) is cache
     out = g.output(upd, "updated_cache")
     assert out is upd and out.alias_of is cache
     g.bind("cache", "updated_cache")
@@ -310,7 +312,8 @@ def test_alias_keeps_port_and_value_aliases_consistent() -> None:
     node = out.producer()
     assert node.output_alias == [Alias(0, 1, MUST_ALIAS)]  # state is input 1
     assert out.alias_of is state and state.access == READ_WRITE
-    assert out.alias_root() is state and node.has_side_effects()
+    st = Storage(g.model)
+    assert st.root(out) is state and st.has_side_effects(node)
     g.alias(out, state)  # repeating the declaration changes nothing
     assert node.output_alias == [Alias(0, 1, MUST_ALIAS)]
     g.bind(state, out)
@@ -376,7 +379,7 @@ def test_bind_rules() -> None:
     m = g.to_model()
     m.functions.clear()  # the empty function body above is not part of this model
     assert [(i.name, o.name) for i, o in m.graph.bindings] == [("s", "s_next"), ("t", "t_next")]
-    assert s_next.producer().has_side_effects()
+    assert Storage(m).has_side_effects(s_next.producer())
     xv = np.array([1.0, 2.0, 3.0, 4.0], np.float32)
     sv, tv = np.full(4, 2.0, np.float32), np.full(4, 3.0, np.float32)
     out = _check_and_run(m, {"s": sv, "t": tv, "x": xv})

@@ -20,9 +20,7 @@ from onnx import TensorProto
 import onnxforge as of
 from onnxforge.graphbuilder import serde
 from onnxforge.graphbuilder.ir import (
-    MUST_ALIAS,
     READ_WRITE,
-    Alias,
     Attr,
     AttrType,
     Function,
@@ -506,61 +504,6 @@ def test_model_all_graphs_includes_subgraphs_of_functions() -> None:
 
 
 # -- aliases and effects ----------------------------------------------------------------------
-
-
-def test_alias_root_through_output_alias_and_alias_of() -> None:
-    g = Graph("g")
-    cache = g.add_input(Value("cache", _f(1, 8, 4), access=READ_WRITE))
-    vals = g.add_input(Value("vals", _f(1, 2, 4)))
-    pos = g.add_input(Value("pos", TensorType(TensorProto.INT64, ())))
-    u1 = g.append(Node("ai.onnxforge", "CacheUpdate", [cache, vals, pos], ["u1"],
-                       output_alias=[Alias(0, 0, MUST_ALIAS)])).outputs[0]
-    u2 = g.append(Node("ai.onnxforge", "CacheUpdate", [u1, vals, pos], ["u2"],
-                       output_alias=[Alias(0, 0, MUST_ALIAS)])).outputs[0]
-    ident = g.append(Node("", "Identity", [u2], ["view"])).outputs[0]
-    assert u1.aliased_input() is cache and u2.aliased_input() is u1
-    assert u2.alias_root() is cache and cache.alias_root() is cache
-    assert ident.alias_root() is ident  # a plain node output owns its storage
-    ident.alias_of = u2  # value-level alias
-    assert ident.aliased_input() is u2 and ident.alias_root() is cache
-    other = g.append(Node("", "Neg", [vals], ["o"])).outputs[0]
-    undefined = g.append(Node("", "Identity", [vals], ["u"], output_alias=[Alias(0, 0, 0)]))
-    assert undefined.outputs[0].alias_root() is undefined.outputs[0]  # kind UNDEFINED is no alias
-    assert other.alias_root() is other
-
-
-def test_alias_cycles_are_detected() -> None:
-    a, b, c = Value("a"), Value("b"), Value("c")
-    a.alias_of, b.alias_of, c.alias_of = b, c, a
-    with pytest.raises(IRError, match="alias cycle"):
-        a.alias_root()
-    self_loop = Value("s")
-    self_loop.alias_of = self_loop
-    with pytest.raises(IRError, match="alias cycle"):
-        self_loop.alias_root()
-
-
-def test_has_side_effects() -> None:
-    g = Graph("g")
-    cache = g.add_input(Value("cache", _f(1, 8, 4), access=READ_WRITE))
-    vals = g.add_input(Value("vals", _f(1, 2, 4)))
-    pos = g.add_input(Value("pos", TensorType(TensorProto.INT64, ())))
-    state = g.add_input(Value("state", _f(4)))
-    upd = g.append(Node("ai.onnxforge", "CacheUpdate", [cache, vals, pos], ["u"],
-                        output_alias=[Alias(0, 0, MUST_ALIAS)]))
-    plain = g.append(Node("", "Neg", [vals], ["n"]))
-    nxt = g.append(Node("", "Add", [state, state], ["next"]))
-    view = g.append(Node("", "Identity", [state], ["view"]))
-    undefined = g.append(Node("", "Identity", [vals], ["x"], output_alias=[Alias(0, 0, 0)]))
-    g.outputs.extend([upd.outputs[0], nxt.outputs[0]])
-    assert upd.has_side_effects()
-    assert not plain.has_side_effects() and not undefined.has_side_effects()
-    assert not nxt.has_side_effects()  # a graph output, but not bound yet
-    g.bindings.append((state, nxt.outputs[0]))
-    assert nxt.has_side_effects()
-    assert not view.has_side_effects()
-    view.outputs[0].alias_of = state
-    assert view.has_side_effects()
 
 
 # -- functions ---------------------------------------------------------------------------------

@@ -31,6 +31,7 @@ from onnxforge.graphbuilder.serde import _decode
 from onnxforge.graphbuilder.tensors import EncodedTensor, Tensor
 from onnxforge.proto_ext import schema
 from onnxforge.proto_ext.types import StructType, TensorType
+from onnxforge.graphbuilder.storage import Storage
 from tests.graphbuilder.test_serde_corpus import (
     catalogue_model,
     function_model,
@@ -362,8 +363,9 @@ def test_bindings_aliases_access() -> None:
     assert g.bindings == [(past, present), (count, count_next)]
     assert past.access == READ_WRITE and present.alias_of is past
     upd = present.producer()
-    assert upd.output_alias == [Alias(0, 0, MUST_ALIAS)] and upd.has_side_effects()
-    assert present.alias_root() is past
+    st = Storage(m)
+    assert upd.output_alias == [Alias(0, 0, MUST_ALIAS)] and st.has_side_effects(upd)
+    assert st.root(present) is past
     assert blocks.type == StructType(kind="type_ref", type_ref=2001)
     assert anything.type == StructType() and anything.type.is_category
 

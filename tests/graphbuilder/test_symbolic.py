@@ -321,6 +321,31 @@ def test_exact_division_folds(tree: tuple, c: int, k: int) -> None:
 
 
 @SETTINGS
+@given(_poly_trees(6), _poly_trees(6))
+def test_exact_polynomial_quotients_fold(tp: tuple, tq: tuple) -> None:
+    """``(p*q)//q`` is ``p`` and ``(p*q) % q`` is 0 whenever ``q`` has a symbol (the
+    divisor is assumed non-zero); a quotient that is not exact stays opaque and still
+    evaluates like Python."""
+    p, q = to_ours(tp), to_ours(tq)
+    if q.is_constant:
+        return
+    assert (p * q) // q == p, (str(p), str(q))
+    assert (p * q) % q == 0
+    assert sympy.expand(ours_as_sympy((p * q) // q) - to_sympy(tp)) == 0
+
+
+def test_canonical_quotients_print_simplified() -> None:
+    b, p, s = symbol("b"), symbol("p"), symbol("s")
+    e = parse_dim("(4*b*p + 4*b*s)//(p + s)")
+    assert e == 4 * b and str(e) == "4*b"
+    assert (4 * b * p + 4 * b * s) // (p + s) == 4 * b
+    assert (p * p - s * s) // (p - s) == p + s
+    assert (p * p - s * s) // (s - p) == -p - s
+    assert str((p * p + 1) // (p + 1)) == "(p**2 + 1)//(p + 1)"
+    assert dims_equal((2 * b * p + 2 * b) // (p + 1), 2 * b) is True
+
+
+@SETTINGS
 @given(_poly_trees(8), st.integers(1, 6), st.integers(1, 6))
 def test_nested_division_of_polynomials_is_canonical(tree: tuple, c: int, d: int) -> None:
     x = to_ours(tree)

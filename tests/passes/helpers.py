@@ -14,6 +14,7 @@ from onnxforge.graphbuilder.serde import to_onnx
 from onnxforge.passes import check_invariants
 from onnxforge.proto_ext.typecompat import compatible
 from onnxforge.proto_ext.verify import check
+from onnxforge.graphbuilder.storage import Storage
 
 FLOAT = TensorProto.FLOAT
 
@@ -67,7 +68,7 @@ def assert_sound(model: Model) -> None:
     for v in list(g.outputs) + [o for n in g for o in n.outputs]:
         src = v.alias_of
         if isinstance(src, Value):
-            root = v.alias_root()
+            root = Storage(model).root(v)
             assert root.is_graph_input() and root.access == READ_WRITE
             assert compatible(src.type, v.type) is None
 

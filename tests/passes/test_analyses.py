@@ -1,4 +1,4 @@
-"""Shape inference and alias equivalence as passes."""
+"""Shape inference, alias equivalence and effects as typed analyses, and their passes."""
 from __future__ import annotations
 
 import numpy as np
@@ -7,8 +7,10 @@ from onnx import TensorProto
 
 import onnxforge as of
 from onnxforge.graphbuilder.ir import Value
-from onnxforge.graphbuilder.shapes import ShapeError
-from onnxforge.passes.analyses import alias_roots
+from onnxforge.graphbuilder.shapes import ShapeError, ShapesContext
+from onnxforge.passes import AnalysisError, AnalysisManager, PassManager, list_analyses
+from onnxforge.passes.analyses import AliasRoots, EffectsAnalysis, ShapeInferencePass, alias_roots
+from onnxforge.passes.effects import Effects
 from onnxforge.passes.manager import get_pass
 from onnxforge.proto_ext.types import TensorType
 from onnxforge.samples import build_decoder
@@ -29,15 +31,56 @@ def test_shape_inference_pass_gives_symbolic_present_length(decoder_models):
     assert str(logits.type) == "FLOAT[batch, sequence_length, 512]"
 
 
-def test_alias_analysis_records_roots_on_the_builtin_decoder():
+def test_alias_analysis_leaves_typed_roots_in_the_manager_cache():
     m = build_decoder()
-    get_pass("alias_analysis")(m)
+    pm = PassManager(["alias_analysis"])
+    assert not pm(m).modified
+    roots = pm.analyses.cached("aliases", m)
+    assert isinstance(roots, AliasRoots)
     outs = {v.name: v for v in m.graph.outputs}
     ins = {v.name: v for v in m.graph.inputs}
     for layer in range(2):
         for kind in ("key", "value"):
-            assert outs[f"present.{layer}.{kind}"].meta["alias_root"] is ins[f"cache.{layer}.{kind}"]
-    assert "alias_root" not in outs["logits"].meta
+            cache = ins[f"cache.{layer}.{kind}"]
+            assert roots.root(outs[f"present.{layer}.{kind}"]) is cache
+            assert outs[f"present.{layer}.{kind}"] in roots.members(cache)
+    assert roots.root(outs["logits"]) is outs["logits"] and not roots.is_aliased(outs["logits"])
+    # nothing is left in untyped value metadata
+    assert not any("alias_root" in v.meta for g in m.all_graphs() for v in g.values())
+
+
+def test_registered_analyses_have_typed_results():
+    m = build_decoder()
+    am = AnalysisManager(m)
+    assert {"shapes", "aliases", "effects", "liveness", "memory_plan"} <= set(list_analyses())
+    ctx = am.get("shapes")
+    assert isinstance(ctx, ShapesContext)
+    logits = next(v for v in m.graph.outputs if v.name == "logits")
+    assert str(ctx.type_of(logits)) == "FLOAT[1, seq, 64]"
+    fx = am.get(EffectsAnalysis)
+    assert isinstance(fx, Effects)
+    present = next(v for v in m.graph.outputs if v.name == "present.0.key")
+    cache = next(v for v in m.graph.inputs if v.name == "cache.0.key")
+    assert fx.root(present) is cache and fx.version(present) == 1 and fx.is_state(present)
+    assert am.get("aliases").root(present) is cache
+    with pytest.raises(AnalysisError, match="no analysis named 'nope'.*shapes"):
+        am.get("nope")
+
+
+def test_shapes_analysis_does_not_write_the_ir_but_the_pass_does():
+    g = of.GraphBuilder(opset=23, infer_shapes=False)
+    x = g.input("x", FLOAT, ["n", 8])
+    y = g.output(g.op.Relu(x), "y")
+    m = g.to_model()
+    am = AnalysisManager(m)
+    assert str(am.get("shapes").type_of(y)) == "FLOAT[n, 8]" and y.type is None
+    assert get_pass("shape_inference")(m).modified and str(y.type) == "FLOAT[n, 8]"
+    # writing types drops only the shapes and what was computed from them
+    plan = am.get("memory_plan")
+    fx = am.get("effects")
+    assert sorted(am.invalidate(ShapeInferencePass.invalidates)) == ["memory_plan", "shapes"]
+    assert am.cached("memory_plan") is None and am.cached("effects") is fx
+    assert am.get("memory_plan") is not plan
 
 
 def _cache_graph(out_type):

@@ -106,6 +106,12 @@ def test_export_to_dir_writes_model_feedback_and_genai_config(decoder_models, tm
     source_cfg = json.loads((src.parent / "genai_config.json").read_text())
     assert source_cfg["search"]["past_present_share_buffer"] is True
     assert cfg["search"]["past_present_share_buffer"] is False
+    # the change is recorded, with its reason, next to the configuration
+    changes = json.loads(Path(written["genai_config_changes"]).read_text())
+    assert [(c["key"], c["before"], c["after"]) for c in changes] == [
+        ("search.past_present_share_buffer", True, False)]
+    assert "GroupQueryAttention" in changes[0]["reason"]
+    assert not (tmp_path / "out" / "model.onnx.data").exists()  # the source's data is not copied
     assert cfg["model"]["decoder"]["filename"] == "model.onnx"
     assert cfg["model"]["decoder"]["inputs"] == source_cfg["model"]["decoder"]["inputs"]
     assert (tmp_path / "out" / "tokenizer.json").is_file()
@@ -146,3 +152,74 @@ def test_exported_genai_folder_generates_the_same_tokens(decoder_models, tmp_pat
             tokens.append(int(gen.get_next_tokens()[0]))
         runs.append(tokens)
     assert len(runs[0]) == 12 and runs[0] == runs[1]
+
+
+def _generate(folder: Path, prompt: list[int], max_length: int = 16) -> list[int]:
+    import onnxruntime_genai as og
+
+    model = og.Model(str(folder))
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=max_length, do_sample=False)
+    gen = og.Generator(model, params)
+    gen.append_tokens(np.array([prompt], dtype=np.int32))
+    tokens = []
+    while not gen.is_done():
+        gen.generate_next_token()
+        tokens.append(int(gen.get_next_tokens()[0]))
+    return tokens
+
+
+def test_export_keeping_com_microsoft_changes_only_the_filename(decoder_models, tmp_path) -> None:
+    src = decoder_models["genai_fp32"]
+    written = export_to_dir(src, tmp_path, keep_domains=["com.microsoft"], filename="decoder.onnx")
+    cfg = json.loads(Path(written["genai_config"]).read_text())
+    assert cfg["search"]["past_present_share_buffer"] is True  # GroupQueryAttention kept
+    changes = json.loads(Path(written["genai_config_changes"]).read_text())
+    assert [(c["key"], c["before"], c["after"]) for c in changes] == [
+        ("model.decoder.filename", "model.onnx", "decoder.onnx")]
+    assert _generate(tmp_path, [3, 8, 21]) == _generate(src.parent, [3, 8, 21])
+
+
+def test_optimized_genai_folder_with_sidecar_files_generates_the_same_tokens(decoder_models,
+                                                                           tmp_path) -> None:
+    import onnxforge as of
+    from onnxforge.passes.export.sidecar import copy_sidecar_files
+
+    src = decoder_models["genai_fp32"]
+    optimized = of.optimize(str(src))
+    of.save(optimized, tmp_path / "model.opt.onnx")
+    result = copy_sidecar_files(src.parent, tmp_path, model_filename="model.opt.onnx", model=optimized)
+    assert {"tokenizer.json", "tokenizer_config.json"} <= set(result.copied)
+    assert "model.onnx" not in result.copied and "model.onnx.data" not in result.copied
+    assert [str(c) for c in result.changes] == [
+        ('genai_config.json: model.decoder.filename: "model.onnx" -> "model.opt.onnx" '
+         "(the decoder is the rewritten model)")]
+    assert json.loads(Path(result.changes_file).read_text()) == [c.to_json() for c in result.changes]
+    cfg = json.loads((tmp_path / "genai_config.json").read_text())
+    assert cfg["model"]["decoder"]["filename"] == "model.opt.onnx"
+    assert cfg["search"]["past_present_share_buffer"] is True
+    expected = _generate(src.parent, [1, 5, 9, 17])
+    assert len(expected) == 12 and _generate(tmp_path, [1, 5, 9, 17]) == expected
+
+
+def test_sidecar_refuses_a_config_naming_missing_outputs(decoder_models, tmp_path) -> None:
+    from onnxforge.errors import ExportError
+    from onnxforge.passes.export.sidecar import copy_sidecar_files
+
+    src = decoder_models["genai_fp32"]
+    proto = onnx.load(str(src), load_external_data=False)
+    del proto.graph.output[0]  # logits
+    with pytest.raises(ExportError) as info:
+        copy_sidecar_files(src.parent, tmp_path, model_filename="model.onnx", model=proto)
+    (path, reason), = info.value.constructs
+    assert path == "genai_config.model.decoder.outputs.logits" and "'logits'" in reason
+
+
+def test_sidecar_refuses_to_copy_into_the_source_folder(decoder_models) -> None:
+    from onnxforge.passes.export.sidecar import SidecarError, copy_sidecar_files
+
+    src = decoder_models["genai_fp32"]
+    before = (src.parent / "genai_config.json").read_bytes()
+    with pytest.raises(SidecarError, match="the output folder is the source folder"):
+        copy_sidecar_files(src.parent, src.parent, model_filename="model.opt.onnx", model=src)
+    assert (src.parent / "genai_config.json").read_bytes() == before

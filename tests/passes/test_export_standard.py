@@ -228,7 +228,7 @@ def _unexportable_model() -> Model:
         None, None,
         g.initializer("seqlens", np.zeros((1,), np.int32)),
         g.initializer("total", np.array(1, np.int32)),
-        num_heads=2, kv_num_heads=1, local_window_size=16, _name="attn", _outputs=3)
+        num_heads=2, kv_num_heads=1, smooth_softmax=1, _name="attn", _outputs=3)
     g.output(z, "z")
     g.output(q[0], "attn_out")
     # a subgraph with a persistent binding (added directly in the IR)
@@ -265,7 +265,7 @@ def test_export_error_lists_every_unexportable_construct() -> None:
     assert len(frob) == 1 and frob[0].startswith("graph.node[")
     assert "acme.ops::Frobnicate" in found[frob[0]]
     attn = [p for p in paths if p.endswith("('attn')")]
-    assert len(attn) == 1 and "local_window_size" in found[attn[0]]
+    assert len(attn) == 1 and "smooth_softmax" in found[attn[0]]
     sub = [p for p in paths if "persistent_bindings" in p]
     assert len(sub) == 1 and sub[0].startswith("graph.node('branch').attribute['then_branch'].g")
     # the message names every one of them

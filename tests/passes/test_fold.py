@@ -2,13 +2,14 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from onnx import TensorProto
 
 from onnxforge.graphbuilder.builder import GraphBuilder
 from onnxforge.graphbuilder.ir import Model, Node, Value
 from onnxforge.graphbuilder.serde import to_onnx
 from onnxforge.graphbuilder.tensors import Tensor
-from onnxforge.passes import ConstantFoldingPass, LiftConstantsPass, check_invariants
+from onnxforge.passes import ConstantFoldingPass, LiftConstantsPass, check_invariants, optimize
 from onnxforge.proto_ext.types import TensorType
 
 from tests.passes.helpers import (
@@ -99,9 +100,10 @@ def test_size_limits_are_respected_before_evaluating():
     g.output(huge, "huge", type=TensorType(FLOAT, (1 << 20, 1 << 20)))
     g.output(wide, "wide", type=TensorType(FLOAT, (4096, 4)))
     m = g.to_model()
-    assert ConstantFoldingPass(max_output_bytes=32 * 1024)(m).modified
+    assert ConstantFoldingPass(max_output_bytes=32 * 1024, max_growth_bytes=1 << 20)(m).modified
     assert _ops(m) == ["ConstantOfShape", "Expand", "Add"]
-    assert ConstantFoldingPass(max_output_bytes=1 << 20)(m).modified
+    assert not ConstantFoldingPass(max_output_bytes=1 << 20)(m).modified  # 64 KiB of new payload
+    assert ConstantFoldingPass(max_output_bytes=1 << 20, max_growth_bytes=1 << 20)(m).modified
     assert _ops(m) == ["ConstantOfShape", "Add"]
     assert check_invariants(m) == []
 
@@ -162,3 +164,42 @@ def test_folded_relu_keeps_negative_zero_and_nan_like_onnxruntime():
     for want, got in zip(ort_run(before, feeds), ort_run(m, feeds)):
         np.testing.assert_array_equal(want, got)
         np.testing.assert_array_equal(np.signbit(want), np.signbit(got))
+
+
+def _branchy(share_outer: bool):
+    """y = If(c) then {Relu(x) + Transpose(W)} else {Neg(x) * Transpose(W)}; W a large outer
+    initializer; with ``share_outer`` the main graph reads W too."""
+    from onnx import TensorProto
+
+    from onnxforge.graphbuilder.builder import GraphBuilder
+
+    g = GraphBuilder(opset=21)
+    x = g.input("x", TensorProto.FLOAT, [64, 64])
+    c = g.input("c", TensorProto.BOOL, [])
+    w = g.initializer("W", np.random.default_rng(1).standard_normal((64, 64)).astype(np.float32))
+    t = g.subgraph("then")
+    t.output(t.op.Add(t.op.Relu(x), t.op.Transpose(w, perm=[1, 0])), "t_out")
+    e = g.subgraph("else")
+    e.output(e.op.Mul(e.op.Neg(x), e.op.Transpose(w, perm=[1, 0])), "e_out")
+    y = g.op.If(c, then_branch=t.graph, else_branch=e.graph)
+    g.output(g.op.Add(y, w) if share_outer else g.op.Identity(y), "y")
+    return g.to_model()
+
+
+@pytest.mark.parametrize("share_outer", [False, True])
+def test_folding_in_branches_never_duplicates_an_outer_payload(tmp_path, share_outer):
+    # Transpose(W) in both branches folds to ONE initializer, in the graph defining W; when
+    # the main graph reads W too, folding would add a payload: the Transposes stay nodes
+    m = _branchy(share_outer)
+    before = to_onnx(m)
+    src = tmp_path / "in.onnx"
+    src.write_bytes(before.SerializeToString())
+    out = optimize(str(src), debug=True)
+    size = len(to_onnx(out).SerializeToString())
+    assert size <= src.stat().st_size
+    big = [v for g in out.all_graphs() for v in g.all_initializers() if v.const.numpy().size > 1]
+    assert len(big) == 1
+    assert all(v.graph is out.graph for v in big)
+    feeds = {"x": np.random.default_rng(2).standard_normal((64, 64)).astype(np.float32)}
+    for cond in (True, False):
+        assert_same_outputs(before, out, {**feeds, "c": np.array(cond)})

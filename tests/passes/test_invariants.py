@@ -6,7 +6,7 @@ from onnx import TensorProto
 
 from onnxforge.graphbuilder.builder import GraphBuilder
 from onnxforge.graphbuilder.ir import Graph, Model, Node, Value
-from onnxforge.passes import EffectAnalysis, check_invariants, ir_violations
+from onnxforge.passes import check_invariants, effect_analysis, ir_violations
 from onnxforge.passes.invariants import is_nondeterministic
 from onnxforge.proto_ext.types import TensorType
 
@@ -94,14 +94,14 @@ def test_subgraph_reading_a_later_outer_value_is_an_order_violation():
 
 def test_effects_of_writes_bindings_calls_and_subgraphs():
     m = stateful_model()
-    eff = EffectAnalysis(m)
+    eff = effect_analysis(m)
     by_op = {n.op_type: n for n in m.graph}
     assert eff.has_side_effects(by_op["CacheUpdate"])
     assert not eff.has_side_effects(by_op["Add"])
     assert not eff.has_side_effects(by_op["Neg"])
 
     fwd = stateful_model(forwarded=True)
-    eff = EffectAnalysis(fwd)
+    eff = effect_analysis(fwd)
     ident = next(n for n in fwd.graph if n.op_type == "Identity")
     assert eff.has_side_effects(ident)  # it produces the bound output
 
@@ -118,7 +118,7 @@ def test_calling_a_writing_function_is_a_side_effect():
     fn.outputs.append(out)
     call = g.make_node("append", [cache, vals, pos], 1, domain="local")
     m = g.to_model()
-    assert EffectAnalysis(m).has_side_effects(call)
+    assert effect_analysis(m).has_side_effects(call)
 
 
 def test_nondeterministic_operators():

@@ -1,11 +1,16 @@
-"""Pass contract, registry, ordering constraints, debug-mode invariant checks, timings."""
+"""Pass contract, registry, ordering constraints, debug-mode invariant checks, timings,
+analysis caching and invalidation."""
 from __future__ import annotations
 
 import pytest
+from onnx import TensorProto
 
 from onnxforge.graphbuilder.builder import GraphBuilder
 from onnxforge.graphbuilder.ir import Model, Node
 from onnxforge.passes import (
+    ALL,
+    AnalysisError,
+    AnalysisManager,
     InvariantError,
     Pass,
     PassError,
@@ -18,8 +23,11 @@ from onnxforge.passes import (
     register_pass,
 )
 from onnxforge.passes.dce import DeadCodeEliminationPass
+from onnxforge.passes.liveness import LivenessAnalysis
 
 from tests.passes.helpers import FLOAT, stateful_model
+
+BOOL = TensorProto.BOOL
 
 
 def _small() -> Model:
@@ -197,3 +205,174 @@ def test_fixed_point_gives_up_after_max_iterations():
 
     with pytest.raises(PassError, match="no fixed point"):
         PassManager([Flip()], fixed_point=True, max_iterations=3)(_small())
+
+
+# ----------------------------------------------------------------------------- analyses
+
+
+class _Probe(Pass):
+    """Reads an analysis through ``self.analyses`` and keeps what it got."""
+
+    def __init__(self, name: str, analysis: str = "liveness"):
+        self.name = name
+        self.analysis = analysis
+        self.seen: list[object] = []
+
+    def call(self, model: Model) -> PassResult:
+        assert self.analyses is not None and self.analyses.model is model
+        self.seen.append(self.analyses.get(self.analysis))
+        return PassResult(model, False)
+
+
+class _Touch(Pass):
+    """Reports a change without making one, declaring what it breaks."""
+
+    name = "touch_for_test"
+
+    def __init__(self, invalidates=ALL, preserves=()):
+        self.invalidates = invalidates
+        self.preserves = preserves
+
+    def call(self, model: Model) -> PassResult:
+        return PassResult(model, True)
+
+
+def test_analysis_manager_caches_until_invalidated():
+    m = _small()
+    am = AnalysisManager(m)
+    live = am.get("liveness")
+    assert am.get(LivenessAnalysis) is live and am.times_computed("liveness") == 1
+    assert am.get("effects") is am.get("effects")  # read by liveness: cached too
+    assert sorted(am.invalidate()) == ["effects", "liveness"]
+    again = am.get("liveness")
+    assert again is not live and am.times_computed("liveness") == 2
+    with pytest.raises(AnalysisError, match="no analysis named"):
+        am.get("nope")
+    with pytest.raises(AnalysisError, match="bound to no model"):
+        AnalysisManager().get("liveness")
+
+
+def test_results_are_cached_per_model():
+    m1, m2 = _small(), _small()
+    am = AnalysisManager(m1)
+    a, b = am.get("liveness"), am.get("liveness", m2)
+    assert a is not b and a.main.order[0].graph is m1.graph and b.main.order[0].graph is m2.graph
+    am.invalidate(model=m2)
+    assert am.get("liveness") is a and am.get("liveness", m2) is not b
+
+
+def test_passes_read_cached_analyses_and_a_change_drops_them():
+    m = _small()
+    first, second, third = _Probe("probe_1"), _Probe("probe_2"), _Probe("probe_3")
+    pm = PassManager([first, second, "dce", third])
+    pm(m)
+    (a,), (b,), (c,) = first.seen, second.seen, third.seen
+    assert a is b  # nothing changed in between: the same object
+    # dce removed the dead Neg (modified=True, invalidates ALL): recomputed, new content
+    assert c is not a
+    assert [n.op_type for n in a.main.order] == ["Neg", "Relu"]
+    assert [n.op_type for n in c.main.order] == ["Relu"]
+    assert pm.analyses.cached("liveness", m) is c  # still valid after the run
+    assert first.analyses is None  # the manager's cache is lent only for the call
+
+
+def test_invalidates_and_preserves_choose_what_is_dropped():
+    m = _small()
+    before = _Probe("p_before", "memory_plan")
+    fx_before, fx_after = _Probe("fx_before", "effects"), _Probe("fx_after", "effects")
+    after = _Probe("p_after", "memory_plan")
+    live_after = _Probe("l_after", "liveness")
+    pm = PassManager([before, fx_before, _Touch(invalidates=("shapes",)), after, fx_after, live_after])
+    pm(m)
+    # shapes dropped, and the memory plan computed from them; effects kept
+    assert after.seen[0] is not before.seen[0] and fx_after.seen[0] is fx_before.seen[0]
+    assert pm.analyses.times_computed("liveness", m) == 1
+
+    m = _small()
+    keep, check = _Probe("keep", "memory_plan"), _Probe("check", "memory_plan")
+    fx1, fx2 = _Probe("fx1", "effects"), _Probe("fx2", "effects")
+    PassManager([keep, fx1, _Touch(preserves=("memory_plan",)), check, fx2])(m)
+    assert check.seen[0] is keep.seen[0] and fx2.seen[0] is not fx1.seen[0]
+
+    m = _small()
+    p1, p2 = _Probe("q1"), _Probe("q2")
+    PassManager([p1, _Touch(preserves=ALL), p2])(m)
+    assert p1.seen[0] is p2.seen[0]
+
+
+def test_a_lone_pass_computes_fresh_results():
+    m = _small()
+    probe = _Probe("lone")
+    probe(m)
+    probe(m)
+    assert probe.seen[0] is not probe.seen[1] and probe.analyses is None
+
+
+def test_each_run_starts_from_an_empty_cache():
+    m = _small()
+    probe = _Probe("run_probe")
+    pm = PassManager([probe])
+    pm(m)
+    g = GraphBuilder.from_model(m)
+    g.op.Abs(m.graph.inputs[0])  # edited outside the manager
+    pm(m)
+    old, new = probe.seen
+    assert new is not old and len(new.main.order) == len(old.main.order) + 1
+
+
+def test_all_never_breaks_a_requires_but_a_named_pass_does():
+    pm = PassManager(["topological_sort", _Touch(), _NeedsSort()])
+    assert pm.names[-1] == "needs_sort_for_test"
+    with pytest.raises(PassOrderError, match="invalidates it in between"):
+        PassManager(["topological_sort", _Touch(invalidates=("topological_sort",)), _NeedsSort()])
+
+
+def test_node_counts_cover_subgraphs_and_functions():
+    g = GraphBuilder(opset=21)
+    x = g.input("x", FLOAT, [4])
+    c = g.input("c", BOOL, [])
+    then_b, else_b = g.subgraph("then"), g.subgraph("else")
+    then_b.output(then_b.op.Relu(then_b.op.Neg(x)), "t")
+    else_b.output(else_b.op.Abs(x), "e")
+    fb = g.function("test.local", "F", ["a"])
+    fb.output(fb.op.Neg(fb.graph.inputs[0]), "r")
+    y = g.op.If(c, then_branch=then_b, else_branch=else_b)
+    g.output(g.op["test.local"].F(y), "y")
+    g.op.Neg(x)  # dead
+    m = g.to_model()
+    pm = PassManager(["dce"])
+    pm(m)
+    (record,) = pm.records
+    # main: If, F call, Neg; then: 2; else: 1; function body: 1
+    assert (record.nodes_before, record.nodes_after) == (7, 6)
+
+
+class _DropDead(Pass):
+    """Removes the dead Neg; declares whatever it is told."""
+
+    name = "drop_dead_for_test"
+
+    def __init__(self, *, preserves=(), report: bool = True):
+        self.preserves = preserves
+        self.report = report
+
+    def call(self, model: Model) -> PassResult:
+        neg = next(n for n in model.graph if n.op_type == "Neg")
+        model.graph.remove(neg)
+        return PassResult(model, self.report)
+
+
+def test_debug_mode_names_a_pass_that_leaves_a_stale_analysis():
+    for bad in (_DropDead(preserves=("liveness",)), _DropDead(report=False)):
+        pm = PassManager([_Probe("reads_liveness"), bad], debug=True)
+        with pytest.raises(PassError, match=r"'drop_dead_for_test' left stale analyses \['liveness'\]"):
+            pm(_small())
+    # declared honestly, the same rewrite passes the check and the result is recomputed
+    probe_after = _Probe("after")
+    pm = PassManager([_Probe("reads_liveness"), _DropDead(), probe_after], debug=True)
+    pm(_small())
+    assert [n.op_type for n in probe_after.seen[0].main.order] == ["Relu"]
+    # without debug a false declaration is trusted (the check costs a recomputation)
+    keep = _Probe("keep")
+    PassManager([keep, _DropDead(preserves=("liveness",)), later := _Probe("later")])(_small())
+    assert later.seen[0] is keep.seen[0]

@@ -12,6 +12,7 @@ from onnx import TensorProto
 from onnxforge.graphbuilder.builder import GraphBuilder
 from onnxforge.graphbuilder.serde import load, save, to_onnx
 from onnxforge.passes import DEFAULT_PIPELINE, PassManager, check_invariants, optimize
+from onnxforge.passes.invariants import containers
 from onnxforge.proto_ext.types import TensorType
 
 from tests.conftest import random_decoder_feeds
@@ -115,3 +116,35 @@ def test_loop_body_with_outer_references_and_carried_values():
     loop = next(n for n in m.graph if n.op_type == "Loop")
     assert [n.op_type for n in loop.attributes["body"].value] == ["Mul", "Identity"]
     assert_same_outputs(before, m, {"x": np.array([0.5, -1, 0.25, 2], np.float32)})
+
+
+def test_default_pipeline_folds_shapes_inlines_ifs_and_fuses(tmp_path):
+    # Shape(x)[1] == 4 decides an If whose then-branch holds Conv + BatchNormalization:
+    # the end state is one Conv, numerically the original's, and no larger on disk.
+    for name in ("shape_folding", "if_inlining", "fusion", "slice_split"):
+        assert name in DEFAULT_PIPELINE
+    rng = np.random.default_rng(4)
+    g = GraphBuilder(opset=21)
+    x = g.input("x", TensorProto.FLOAT, ["n", 4, 6, 6])
+    ch = g.op.Gather(g.op.Shape(x), g.initializer("one", np.array(1, np.int64)), axis=0)
+    cond = g.op.Equal(ch, g.initializer("four", np.array(4, np.int64)))
+    t = g.subgraph("then")
+    w = g.initializer("W", rng.standard_normal((4, 4, 3, 3)).astype(np.float32))
+    bn = [g.initializer(k, v.astype(np.float32)) for k, v in (
+        ("s", rng.standard_normal(4)), ("b", rng.standard_normal(4)), ("mean", rng.standard_normal(4)),
+        ("var", np.abs(rng.standard_normal(4)) + 0.5))]
+    t.output(t.op.BatchNormalization(t.op.Conv(x, w, pads=[1, 1, 1, 1]), *bn), "t_out")
+    e = g.subgraph("else")
+    e.output(e.op.Neg(x), "e_out")
+    g.output(g.op.If(cond, then_branch=t.graph, else_branch=e.graph), "y")
+    m = g.to_model()
+    before = to_onnx(m)
+    src = tmp_path / "m.onnx"
+    src.write_bytes(before.SerializeToString())
+    out = optimize(str(src), debug=True)
+    assert [n.op_type for c in containers(out) for n in c] == ["Conv"]
+    assert [v.name for v in out.graph.outputs] == ["y"]
+    assert len(to_onnx(out).SerializeToString()) <= src.stat().st_size
+    feeds = {"x": rng.standard_normal((2, 4, 6, 6)).astype(np.float32)}
+    want, got = ort_run(before, feeds)[0], ort_run(out, feeds)[0]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * max(1.0, float(np.abs(want).max())))

@@ -174,3 +174,94 @@ def test_non_terminating_rules_are_detected():
         apply_rules(g.to_model(), table, max_rewrites=50)
     with pytest.raises(RewriteError, match="fixed point"):
         apply_rules(g.to_model(), table)
+
+
+# ----------------------------------------------------------------------------- chains and no-ops
+
+I64 = TensorProto.INT64
+BOOL = TensorProto.BOOL
+
+
+def _axes(g: GraphBuilder, name: str, axes: list[int]) -> Value:
+    return g.initializer(name, np.array(axes, np.int64))
+
+
+def test_unsqueeze_of_squeeze_with_same_axes_is_removed():
+    # Unsqueeze(Squeeze(x, a), a) -> x
+    _check(lambda g, x: g.op.Unsqueeze(g.op.Squeeze(x, _axes(g, "a", [1])), _axes(g, "b", [1])),
+           ["Identity"], shape=(2, 1, 3), feed=RNG.standard_normal((2, 1, 3)).astype(np.float32))
+    # other axes: kept
+    _check(lambda g, x: g.op.Unsqueeze(g.op.Squeeze(x, _axes(g, "a", [1])), _axes(g, "b", [0])),
+           ["Squeeze", "Unsqueeze", "Identity"], shape=(2, 1, 3),
+           feed=RNG.standard_normal((2, 1, 3)).astype(np.float32))
+
+
+@pytest.mark.parametrize("a,b", [([0], [0]), ([1], [0, 3]), ([-1], [0]), ([0, 2], [-1]), ([2], [1])])
+def test_unsqueeze_chains_merge(a, b):
+    # Unsqueeze(Unsqueeze(x, a), b) -> Unsqueeze(x, b ∪ (the a-th positions b leaves free))
+    m = _check(lambda g, x: g.op.Unsqueeze(g.op.Unsqueeze(x, _axes(g, "a", a)), _axes(g, "b", b)),
+               ["Unsqueeze", "Identity"])
+    assert m.graph.nodes[0].inputs[1].is_initializer()  # the merged axes were lifted
+
+
+def test_identity_transpose_is_removed():
+    # Transpose(x, perm=[0, 1]) -> x
+    _check(lambda g, x: g.op.Transpose(x, perm=[0, 1]), ["Identity"])
+    _check(lambda g, x: g.op.Transpose(x, perm=[1, 0]), ["Transpose", "Identity"])
+
+
+def test_and_true_or_false_are_identities():
+    feed = RNG.standard_normal((2, 3)) > 0
+    t, f = np.array(True), np.array(False)
+    for build in (lambda g, x: g.op.And(g.initializer("c", t), x),
+                  lambda g, x: g.op.And(x, g.initializer("c", t)),
+                  lambda g, x: g.op.Or(g.initializer("c", f), x),
+                  lambda g, x: g.op.Or(x, g.initializer("c", np.zeros((1, 3), bool)))):
+        _check(build, ["Identity"], dtype=BOOL, feed=feed)
+    _check(lambda g, x: g.op.And(x, g.initializer("c", f)), ["And", "Identity"], dtype=BOOL, feed=feed)
+    # broadcasting to a larger shape: kept
+    _check(lambda g, x: g.op.Or(x, g.initializer("c", np.zeros((4, 2, 3), bool))), ["Or", "Identity"],
+           dtype=BOOL, feed=feed)
+
+
+def test_full_range_slice_is_removed():
+    big = np.iinfo(np.int64).max
+    # Slice(x, 0, >= dim) with step 1 on every sliced axis -> x
+    _check(lambda g, x: g.op.Slice(x, _axes(g, "s", [0]), _axes(g, "e", [big])), ["Identity"])
+    _check(lambda g, x: g.op.Slice(x, _axes(g, "s", [0, -2]), _axes(g, "e", [3, 2]), _axes(g, "a", [1, 0])),
+           ["Identity"])
+    _check(lambda g, x: g.op.Slice(x, _axes(g, "s", [0]), _axes(g, "e", [3]), _axes(g, "a", [1]),
+                                   _axes(g, "p", [1])), ["Identity"])
+    # a proper sub-range, or step -1: kept
+    _check(lambda g, x: g.op.Slice(x, _axes(g, "s", [0]), _axes(g, "e", [2]), _axes(g, "a", [1])),
+           ["Slice", "Identity"])
+    _check(lambda g, x: g.op.Slice(x, _axes(g, "s", [-1]), _axes(g, "e", [-big]), _axes(g, "a", [1]),
+                                   _axes(g, "p", [-1])), ["Slice", "Identity"])
+
+
+def test_zero_pad_unit_tile_and_trivial_expand_are_removed():
+    _check(lambda g, x: g.op.Pad(x, _axes(g, "p", [0, 0, 0, 0])), ["Identity"])
+    _check(lambda g, x: g.op.Pad(x, _axes(g, "p", [0, 0, 0, 0]), g.initializer("v", np.float32(3))),
+           ["Identity"])
+    _check(lambda g, x: g.op.Pad(x, _axes(g, "p", [0, 1, 0, 0])), ["Pad", "Identity"])
+    _check(lambda g, x: g.op.Tile(x, _axes(g, "r", [1, 1])), ["Identity"])
+    _check(lambda g, x: g.op.Tile(x, _axes(g, "r", [1, 2])), ["Tile", "Identity"])
+    # Expand(x, s) with broadcast(shape(x), s) == shape(x) -> x
+    _check(lambda g, x: g.op.Expand(x, _axes(g, "s", [2, 3])), ["Identity"])
+    _check(lambda g, x: g.op.Expand(x, _axes(g, "s", [1, 3])), ["Identity"])
+    _check(lambda g, x: g.op.Expand(x, _axes(g, "s", [1])), ["Identity"])
+    _check(lambda g, x: g.op.Expand(x, _axes(g, "s", [4, 2, 3])), ["Expand", "Identity"])
+
+
+def test_cast_to_the_inferred_type_is_removed_with_the_shapes_analysis():
+    # the value_info of t is missing: only inference knows t is FLOAT
+    g = GraphBuilder(opset=21)
+    x = g.input("x", FLOAT, [2, 3])
+    t = g.op.Relu(x)
+    g.output(g.op.Identity(g.op.Cast(t, to=FLOAT)), "y")
+    m = g.to_model()
+    t.type = None
+    before = to_onnx(m)
+    RewritePass()(m)
+    assert _ops(m) == ["Relu", "Identity"]
+    assert_same_outputs(before, m, {"x": RNG.standard_normal((2, 3)).astype(np.float32)})

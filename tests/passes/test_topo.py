@@ -1,4 +1,4 @@
-"""Topological sort: stable, scope-aware, never moving a node across a writer of its storage."""
+"""Topological sort: stable, scope-aware, readers of a version before its in-place writer."""
 from __future__ import annotations
 
 import numpy as np
@@ -87,13 +87,27 @@ def _cache_graph(order: str) -> tuple[Model, dict[str, Node]]:
     return Model(g, opset_imports={"": 21, "ai.onnxforge": 1}), nodes
 
 
-def test_a_reader_after_the_write_stays_after_it():
-    # R reads the cache after W wrote it; use_r, listed first, needs R
+def test_a_reader_listed_after_the_write_is_scheduled_before_it():
+    # R reads `cache`, the version W consumes (rule L13): wherever it is listed, it runs
+    # before W, so in-place execution equals functional execution
     m, _ = _cache_graph("use_r W R use_w")
-    TopologicalSortPass()(m)
+    assert TopologicalSortPass()(m).modified
     got = _names(m)
-    assert got.index("W") < got.index("R") < got.index("use_r")
+    assert got.index("R") < got.index("use_r") and got.index("R") < got.index("W") < got.index("use_w")
     assert check_invariants(m) == []
+
+
+def test_a_reader_that_depends_on_its_writer_has_no_order():
+    g = Graph("g")
+    cache = g.add_input(Value("cache", TensorType(FLOAT, (1, 8, 4)), access=READ_WRITE))
+    vals = g.add_input(Value("vals", TensorType(FLOAT, (1, 1, 4))))
+    pos = g.add_input(Value("pos", TensorType(TensorProto.INT64, ())))
+    w = g.append(Node("ai.onnxforge", "CacheUpdate", [cache, vals, pos], [Value("upd", cache.type)],
+                      name="W", output_alias=[Alias(0, 0)]))
+    g.append(Node("", "Add", [cache, w.outputs[0]], [Value("z", cache.type)], name="R"))
+    g.outputs.append(g.nodes[-1].outputs[0])
+    with pytest.raises(CycleError, match="L13"):
+        TopologicalSortPass()(Model(g, opset_imports={"": 21, "ai.onnxforge": 1}))
 
 
 def test_a_reader_before_the_write_stays_before_it():

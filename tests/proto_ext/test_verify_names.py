@@ -267,3 +267,63 @@ def test_n5_subgraph_outputs_may_be_untyped():
     m = model_with(inputs=[("x", f2()), ("c", tensor_type(BOOL, []))], outputs=[("z", f2())],
                    nodes=[if_node("c", ["z"], then_g, else_g)])
     assert check(m) == []
+
+
+def _if_with_empty_branch_types() -> Any:
+    """z = If(c, then: Relu(x), else: Neg(x)) with c a Constant True; both branch
+    outputs are declared ``type {}`` (a TypeProto with no value case)."""
+    import onnx
+
+    def untyped(name: str) -> Any:
+        vi = onnx.ValueInfoProto(name=name)
+        vi.type.SetInParent()
+        return vi
+
+    then_g = helper.make_graph([helper.make_node("Relu", ["x"], ["t"])], "then", [], [untyped("t")])
+    else_g = helper.make_graph([helper.make_node("Neg", ["x"], ["e"])], "else", [], [untyped("e")])
+    nodes = [helper.make_node("Constant", [], ["c"],
+                              value=helper.make_tensor("cv", TensorProto.BOOL, [], [True])),
+             helper.make_node("If", ["c"], ["z"], then_branch=then_g, else_branch=else_g)]
+    graph_ = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", FLOAT, [3])],
+                               [helper.make_tensor_value_info("z", FLOAT, [3])])
+    return helper.make_model(graph_, opset_imports=[helper.make_opsetid("", 21)])
+
+
+def test_n5_if_branch_outputs_with_an_empty_type_are_valid(tmp_path) -> None:
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+
+    import onnxforge as of
+
+    m = _if_with_empty_branch_types()
+    assert m.graph.node[1].attribute[0].g.output[0].HasField("type")
+    onnx.checker.check_model(m, full_check=True)
+    x = np.array([-1.0, 2.0, -3.0], np.float32)
+    sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    np.testing.assert_array_equal(sess.run(None, {"x": x})[0], np.maximum(x, 0))
+    of.verify(m)
+    of.verify(of.load(m))
+    optimized = of.optimize(of.load(m), debug=True)
+    of.verify(optimized)
+    path = tmp_path / "m.onnx"
+    of.save(optimized, path)
+    of.verify(str(path))
+    of.verify(of.load(str(path)))
+    onnx.checker.check_model(onnx.load(str(path)), full_check=True)
+
+
+def test_n5_an_empty_value_info_type_is_valid() -> None:
+    m = model_with(inputs=[("x", f2())], outputs=[("y", f2())],
+                   nodes=[node("Relu", ["x"], ["t"]), node("Relu", ["t"], ["y"])])
+    vi = m.graph.value_info.add(name="t")
+    vi.type.SetInParent()
+    assert check(m) == []
+
+
+def test_n5_main_graph_output_with_an_empty_type_is_rejected() -> None:
+    m = model_with(inputs=[("x", f2())], outputs=[("y", f2())], nodes=[node("Relu", ["x"], ["y"])])
+    m.graph.output[0].type.Clear()
+    m.graph.output[0].type.SetInParent()
+    (v,) = the_violations(m, "N5")
+    assert v.path == "graph.output['y'].type" and "no recognized case" in v.message

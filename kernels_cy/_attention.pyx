@@ -1,0 +1,183 @@
+# cython: boundscheck=False, wraparound=False, initializedcheck=False, cdivision=True
+"""Causal attention with grouped KV heads that reads a cache only up to its valid length.
+
+Semantics of com.microsoft GroupQueryAttention (CPU) after the new keys and values
+are in the cache: for batch row ``b`` the cache holds ``total = total_len[b] +
+length_offset`` valid positions (GQA: ``seqlens_k`` with ``length_offset=1``);
+query ``i`` of the ``S`` new tokens sits at position ``p = start[b] + i`` with
+``start[b] = total - S`` unless ``query_start`` is given (a first prompt uses 0),
+and attends to keys ``[lo, min(p + 1, total))`` with ``lo = max(0, p + 1 -
+local_window)`` when ``local_window > 0`` (a window of ``local_window`` keys ending
+at the query, onnxruntime's ``local_window_size``) else 0. Scores are ``scale * q.k``
+(``scale`` 0 means ``1/sqrt(head_dim)``), optionally ``softcap * tanh(score /
+softcap)``, then a softmax over the attended keys. A query with no key gets zeros.
+
+The caches may be capacity-sized (the in-place stateful path: only the first
+``total`` positions are read) or exactly ``total`` long (past/present path), in
+[batch, kv_heads, length, head_dim] layout with any strides except a unit-stride
+last axis. Query heads ``h`` read KV head ``h // (heads // kv_heads)``; the heads
+of one group are processed together so each cache row is read once per query.
+Work: B * kv_heads * S items in parallel; per item a fixed stack workspace of
+``(16 * 64 + 16 * 256 + 32) * 4`` bytes (no heap).
+"""
+from cython.parallel cimport prange
+from libc.math cimport INFINITY, expf, tanhf, sqrtf
+
+include "_common.pxi"
+
+__all__ = ["MAX_HEAD_DIM", "gqa_attention"]
+
+cdef enum:
+    MAXG = 16      # query heads of one group handled in one pass
+    BLK = 64       # keys per block of the online softmax
+    MAXD = 256     # largest supported head_dim
+
+MAX_HEAD_DIM = MAXD
+
+
+cdef void _attend_group(const float* q0, Py_ssize_t qhs, Py_ssize_t G,
+                        const float* kb, Py_ssize_t ks, const float* vb, Py_ssize_t vs,
+                        Py_ssize_t lo, Py_ssize_t hi, Py_ssize_t D, float scale, float softcap,
+                        float* o0, Py_ssize_t ohs) noexcept nogil:
+    cdef float sc[MAXG][BLK]
+    cdef float acc[MAXG][MAXD]
+    cdef float mx[MAXG]
+    cdef float den[MAXG]
+    cdef Py_ssize_t g, j0, jj, nb, d
+    cdef float bm, c, inv
+    for g in range(G):
+        mx[g] = -INFINITY
+        den[g] = 0.0
+        for d in range(D):
+            acc[g][d] = 0.0
+    j0 = lo
+    while j0 < hi:
+        nb = hi - j0
+        if nb > BLK:
+            nb = BLK
+        of_qk(q0, qhs, G, kb + j0 * ks, ks, nb, D, scale, &sc[0][0], BLK)
+        for g in range(G):
+            if softcap > 0.0:
+                for jj in range(nb):
+                    sc[g][jj] = softcap * tanhf(sc[g][jj] / softcap)
+            bm = sc[g][0]
+            for jj in range(1, nb):
+                if sc[g][jj] > bm:
+                    bm = sc[g][jj]
+            if bm > mx[g]:
+                if mx[g] != -INFINITY:
+                    c = expf(mx[g] - bm)
+                    of_scal(&acc[g][0], c, D)
+                    den[g] = den[g] * c
+                mx[g] = bm
+            den[g] = den[g] + of_expsum(&sc[g][0], mx[g], nb)
+        of_pv(&acc[0][0], MAXD, G, &sc[0][0], BLK, vb + j0 * vs, vs, nb, D)
+        j0 = j0 + nb
+    for g in range(G):
+        if hi > lo:
+            inv = 1.0 / den[g]
+            for d in range(D):
+                o0[g * ohs + d] = acc[g][d] * inv
+        else:
+            for d in range(D):
+                o0[g * ohs + d] = 0.0
+
+
+cdef cnp.ndarray _int_lengths(object a, str k, str name, Py_ssize_t B):
+    cdef cnp.ndarray arr = _arr(a, k, name)
+    if arr.dtype.kind not in "iu":
+        raise KernelDtypeError(f"{k}: {name} must be an integer array, got {arr.dtype}")
+    if arr.ndim != 1 or arr.shape[0] != B:
+        raise KernelError(f"{k}: {name} has shape {_shape(arr)}, expected ({B},)")
+    return cnp.PyArray_FROMANY(arr, cnp.NPY_INT64, 1, 1, cnp.NPY_ARRAY_C_CONTIGUOUS)
+
+
+def gqa_attention(q, k_cache, v_cache, total_len, out, float scale=0.0, *, int length_offset=0,
+                  query_start=None, float softcap=0.0, int local_window=-1, num_threads=None):
+    """Grouped-query causal attention over the valid prefix of a KV cache.
+
+    q, out: float32 [B, S, Hq, D] (unit-stride last axis; ``out`` must not overlap
+    ``q``); k_cache, v_cache: float32 [B, Hkv, L, D]; total_len: int32/int64 [B];
+    query_start: int32/int64 [B] or None. See the module docstring for the
+    semantics. Raises KernelError / CacheRangeError before writing when a length
+    is negative or exceeds ``L``, or a query position is negative.
+    """
+    cdef str k = "gqa_attention"
+    cdef cnp.ndarray qa = _f32(q, k, "q", 4, False, False)
+    cdef cnp.ndarray ka = _f32(k_cache, k, "k_cache", 4, False, False)
+    cdef cnp.ndarray va = _f32(v_cache, k, "v_cache", 4, False, False)
+    cdef cnp.ndarray oa = _f32(out, k, "out", 4, True, False)
+    _same_shape(qa, oa, k, "q", "out")
+    _same_shape(ka, va, k, "k_cache", "v_cache")
+    cdef Py_ssize_t B = qa.shape[0], S = qa.shape[1], Hq = qa.shape[2], D = qa.shape[3]
+    cdef Py_ssize_t Hkv = ka.shape[1], L = ka.shape[2]
+    if ka.shape[0] != B or ka.shape[3] != D:
+        raise KernelError(f"{k}: k_cache has shape {_shape(ka)}, expected ({B}, kv_heads, length, {D})")
+    if Hkv == 0 or Hq % Hkv != 0:
+        raise KernelError(f"{k}: {Hq} query heads are not a multiple of {Hkv} kv heads")
+    if D > MAXD:
+        raise KernelError(f"{k}: head_dim {D} exceeds the supported {MAXD}")
+    if not softcap >= 0.0:
+        raise KernelError(f"{k}: softcap must be >= 0, got {softcap}")
+    cdef cnp.ndarray ta, sa
+    ta = _int_lengths(total_len, k, "total_len", B)
+    cdef const int64_t[::1] tv = ta
+    cdef const int64_t[::1] sv
+    cdef bint has_start = query_start is not None
+    if has_start:
+        sa = _int_lengths(query_start, k, "query_start", B)
+        sv = sa
+    cdef Py_ssize_t b, tot, st, maxtot = 0
+    for b in range(B):
+        tot = tv[b] + length_offset
+        if tot > maxtot:
+            maxtot = tot
+        if tot < 0 or tot > L:
+            raise CacheRangeError(f"{k}: row {b} has valid length {tot} outside [0, {L}] "
+                                  f"(the cache length)")
+        st = sv[b] if has_start else tot - S
+        if st < 0:
+            raise CacheRangeError(f"{k}: row {b}: {S} new tokens but valid length {tot}; "
+                                  f"pass query_start for a padded first prompt")
+    cdef int nt = _threads(num_threads, k)
+    if B == 0 or S == 0 or Hq == 0 or D == 0:
+        return out
+    nt = _fit_threads(nt, B * Hkv * S, 4.0 * B * S * Hq * D * maxtot)
+    if scale == 0.0:
+        scale = 1.0 / sqrtf(<float>D)
+    cdef const char* qp = <const char*>cnp.PyArray_DATA(qa)
+    cdef const char* kp = <const char*>cnp.PyArray_DATA(ka)
+    cdef const char* vp = <const char*>cnp.PyArray_DATA(va)
+    cdef char* op = <char*>cnp.PyArray_DATA(oa)
+    cdef cnp.npy_intp* qst = cnp.PyArray_STRIDES(qa)
+    cdef cnp.npy_intp* kst = cnp.PyArray_STRIDES(ka)
+    cdef cnp.npy_intp* vst = cnp.PyArray_STRIDES(va)
+    cdef cnp.npy_intp* ost = cnp.PyArray_STRIDES(oa)
+    cdef Py_ssize_t grp = Hq // Hkv, item, g, s, pos, lo, hi, h0, nh
+    cdef const float* kb
+    cdef const float* vb
+    with nogil:
+        for item in prange(B * Hkv * S, num_threads=nt, schedule="static", chunksize=1):
+            b = item // (Hkv * S)
+            g = (item // S) % Hkv
+            s = item % S
+            tot = tv[b] + length_offset
+            pos = (sv[b] if has_start else tot - S) + s
+            hi = pos + 1
+            if hi > tot:
+                hi = tot
+            lo = 0
+            if local_window > 0 and pos + 1 - local_window > 0:
+                lo = pos + 1 - local_window
+            kb = <const float*>(kp + b * kst[0] + g * kst[1])
+            vb = <const float*>(vp + b * vst[0] + g * vst[1])
+            h0 = g * grp
+            while h0 < (g + 1) * grp:
+                nh = (g + 1) * grp - h0
+                if nh > MAXG:
+                    nh = MAXG
+                _attend_group(<const float*>(qp + b * qst[0] + s * qst[1] + h0 * qst[2]), qst[2] // 4,
+                              nh, kb, kst[2] // 4, vb, vst[2] // 4, lo, hi, D, scale, softcap,
+                              <float*>(op + b * ost[0] + s * ost[1] + h0 * ost[2]), ost[2] // 4)
+                h0 = h0 + nh
+    return out

@@ -1,0 +1,136 @@
+# cython: boundscheck=False, wraparound=False, initializedcheck=False, cdivision=True
+"""com.microsoft MatMulNBits (bits=4, accuracy_level 0): ``out = a @ dequant(B).T (+ bias)``.
+
+B is consumed encoded: ``b_quant`` uint8 [N, n_blocks, block_size / 2] holds the
+4-bit codes of row ``n`` of the [N, K] weight, K-ordered, two per byte with the
+low nibble first (``n_blocks = ceil(K / block_size)``, the last block padded);
+``scales`` float32 [N * n_blocks] or [N, n_blocks]; ``zero_points`` None (zero
+point 8), uint8 packed [N * ceil(n_blocks / 2)] or [N, ceil(n_blocks / 2)] (two
+4-bit zero points per byte, low nibble first, per row of N), or float32 [N *
+n_blocks] like the scales. ``w[n, k] = (code - zp) * scale``.
+
+The float weight is never materialized: each thread dequantizes one row of N
+(``4 * (K_padded + 4)`` bytes per thread, allocated once per call) and multiplies it
+with every row of ``a``. Parallel over N. float32 activations only.
+"""
+from cython.parallel cimport parallel, prange
+from libc.stdlib cimport malloc, free
+
+include "_common.pxi"
+
+__all__ = ["matmul_nbits"]
+
+
+def matmul_nbits(a, b_quant, scales, zero_points, Py_ssize_t K, Py_ssize_t N, out, *,
+                 int bits=4, Py_ssize_t block_size=32, bias=None, num_threads=None):
+    """``out[m, n] = sum_k a[m, k] * w[n, k] (+ bias[n])`` with 4-bit block-quantized ``w``.
+
+    a: float32 [M, K] C-contiguous (callers flatten leading axes); out: float32
+    [M, N] C-contiguous; K, N: the operator's attributes. Raises KernelError /
+    KernelDtypeError before writing anything.
+    """
+    cdef str k = "matmul_nbits"
+    if bits != 4:
+        raise KernelError(f"{k}: bits={bits} is not supported (only 4)")
+    if block_size < 16 or (block_size & (block_size - 1)) != 0:
+        raise KernelError(f"{k}: block_size must be a power of two >= 16, got {block_size}")
+    if K < 0 or N < 0:
+        raise KernelError(f"{k}: K and N must be >= 0, got K={K}, N={N}")
+    cdef cnp.ndarray aa = _f32(a, k, "a", 2)
+    cdef cnp.ndarray oa = _f32(out, k, "out", 2, writable=True)
+    cdef Py_ssize_t M = aa.shape[0]
+    cdef Py_ssize_t nblk = (K + block_size - 1) // block_size, half = block_size // 2
+    if aa.shape[1] != K:
+        raise KernelError(f"{k}: a has shape {_shape(aa)}, its last axis must be K={K}")
+    if _shape(oa) != (M, N):
+        raise KernelError(f"{k}: out has shape {_shape(oa)}, expected ({M}, {N})")
+    cdef cnp.ndarray ba = _arr(b_quant, k, "b_quant")
+    if cnp.PyArray_TYPE(ba) != cnp.NPY_UINT8:
+        raise KernelDtypeError(f"{k}: b_quant must be uint8, got {ba.dtype}")
+    if _shape(ba) != (N, nblk, half) or not cnp.PyArray_IS_C_CONTIGUOUS(ba):
+        raise KernelError(f"{k}: b_quant has shape {_shape(ba)}, expected C-contiguous "
+                          f"({N}, {nblk}, {half})")
+    cdef cnp.ndarray sa = _arr(scales, k, "scales")
+    if cnp.PyArray_TYPE(sa) != cnp.NPY_FLOAT32:
+        raise KernelDtypeError(f"{k}: scales must be float32, got {sa.dtype}")
+    if sa.size != N * nblk or sa.ndim not in (1, 2) or (sa.ndim == 2 and _shape(sa) != (N, nblk)) \
+            or not cnp.PyArray_IS_C_CONTIGUOUS(sa):
+        raise KernelError(f"{k}: scales has shape {_shape(sa)}, expected C-contiguous "
+                          f"({N * nblk},) or ({N}, {nblk})")
+    cdef cnp.ndarray za = None
+    cdef Py_ssize_t zrow = (nblk + 1) // 2
+    cdef bint zp_u8 = False
+    if zero_points is not None:
+        za = _arr(zero_points, k, "zero_points")
+        if cnp.PyArray_TYPE(za) == cnp.NPY_UINT8:
+            zp_u8 = True
+            if za.size != N * zrow or za.ndim not in (1, 2) or (za.ndim == 2 and _shape(za) != (N, zrow)):
+                raise KernelError(f"{k}: uint8 zero_points has shape {_shape(za)}, expected "
+                                  f"({N * zrow},) or ({N}, {zrow})")
+        elif cnp.PyArray_TYPE(za) == cnp.NPY_FLOAT32:
+            if za.size != N * nblk or za.ndim not in (1, 2) or (za.ndim == 2 and _shape(za) != (N, nblk)):
+                raise KernelError(f"{k}: float zero_points has shape {_shape(za)}, expected "
+                                  f"({N * nblk},) or ({N}, {nblk})")
+        else:
+            raise KernelDtypeError(f"{k}: zero_points must be uint8 or float32, got {za.dtype}")
+        if not cnp.PyArray_IS_C_CONTIGUOUS(za):
+            raise KernelError(f"{k}: zero_points must be C-contiguous")
+    cdef cnp.ndarray biasa = None
+    if bias is not None:
+        biasa = _f32(bias, k, "bias", 1)
+        if biasa.shape[0] != N:
+            raise KernelError(f"{k}: bias has {biasa.shape[0]} elements, expected N={N}")
+    cdef int nt = _threads(num_threads, k)
+    if M == 0 or N == 0:
+        return out
+    cdef float* op = <float*>cnp.PyArray_DATA(oa)
+    cdef Py_ssize_t m, n
+    if K == 0:
+        with nogil:
+            for m in range(M):
+                for n in range(N):
+                    op[m * N + n] = 0.0
+        if biasa is not None:
+            oa += biasa
+        return out
+    nt = _fit_threads(nt, N, 2.0 * M * N * K)
+    cdef const float* ap = <const float*>cnp.PyArray_DATA(aa)
+    cdef const uint8_t* bp = <const uint8_t*>cnp.PyArray_DATA(ba)
+    cdef const float* scp = <const float*>cnp.PyArray_DATA(sa)
+    cdef const uint8_t* zpu = <const uint8_t*>cnp.PyArray_DATA(za) if zp_u8 else NULL
+    cdef const float* zpf = <const float*>cnp.PyArray_DATA(za) if (za is not None and not zp_u8) else NULL
+    cdef const float* biasp = <const float*>cnp.PyArray_DATA(biasa) if biasa is not None else NULL
+    cdef float* row = NULL
+    cdef float* four = NULL
+    cdef int j
+    cdef float acc
+    cdef Py_ssize_t kpad = nblk * block_size
+    cdef int failed = 0
+    cdef int* failp = &failed
+    with nogil, parallel(num_threads=nt):
+        row = <float*>malloc((kpad + 4) * sizeof(float))
+        if row == NULL:
+            failp[0] = 1
+        else:
+            four = row + kpad
+            for n in prange(N, schedule="static"):
+                of_deq4(bp + n * nblk * half, scp + n * nblk,
+                        zpu + n * zrow if zpu != NULL else NULL,
+                        zpf + n * nblk if zpf != NULL else NULL,
+                        row, K, block_size)
+                m = 0
+                while m + 4 <= M:
+                    of_dot4(row, ap + m * K, K, K, four)
+                    for j in range(4):
+                        op[(m + j) * N + n] = four[j] + (biasp[n] if biasp != NULL else 0.0)
+                    m = m + 4
+                while m < M:
+                    acc = of_dot(row, ap + m * K, K)
+                    if biasp != NULL:
+                        acc = acc + biasp[n]
+                    op[m * N + n] = acc
+                    m = m + 1
+            free(row)
+    if failed:
+        raise MemoryError(f"{k}: cannot allocate a {kpad * 4}-byte row workspace")
+    return out

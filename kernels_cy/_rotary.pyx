@@ -1,0 +1,150 @@
+# cython: boundscheck=False, wraparound=False, initializedcheck=False, cdivision=True
+"""Rotary position embedding for GroupQueryAttention (``do_rotary``) and RotaryEmbedding.
+
+One kernel serves both operators. ``x`` is indexed [batch, seq, heads, head_dim]
+with a unit-stride last axis and any other strides, so a [batch, heads, seq,
+head_dim] tensor (RotaryEmbedding's 4-D layout) is passed as
+``x.transpose(0, 2, 1, 3)`` without a copy, and a 3-D [batch, seq, hidden] one
+as ``x.reshape(b, s, heads, head_dim)``.
+
+With ``R = 2 * cos.shape[-1]`` (the rotary dim, at most head_dim) and
+``c, s = cos[p], sin[p]`` at the token's position ``p``:
+non-interleaved (halves):  ``y[i] = x[i] c[i] - x[i + R/2] s[i]``,
+                           ``y[i + R/2] = x[i + R/2] c[i] + x[i] s[i]``;
+interleaved (pairs):       ``y[2i] = x[2i] c[i] - x[2i+1] s[i]``,
+                           ``y[2i+1] = x[2i+1] c[i] + x[2i] s[i]``;
+dims from R on are copied. Positions come from ``position_ids`` [batch, seq]
+(RotaryEmbedding, GQA with position ids), from ``start`` [batch] as
+``start[b] + s`` (GQA: ``start = total_len - seq``, or 0 for a first prompt), or,
+when ``cos``/``sin`` are 3-D [batch, seq, R/2], the caches are already per token.
+"""
+from cython.parallel cimport prange
+
+include "_common.pxi"
+
+__all__ = ["rotary"]
+
+
+def rotary(x, cos, sin, out, position_ids=None, start=None, bint interleaved=False,
+           num_threads=None):
+    """Apply rotary embedding to ``x`` [B, S, H, D] into ``out`` (same shape; may be ``x``)."""
+    cdef str k = "rotary"
+    cdef cnp.ndarray xa = _f32(x, k, "x", 4, False, False)
+    cdef cnp.ndarray oa = _f32(out, k, "out", 4, True, False)
+    _same_shape(xa, oa, k, "x", "out")
+    cdef cnp.ndarray ca = _arr(cos, k, "cos")
+    cdef int cnd = cnp.PyArray_NDIM(ca)
+    if cnd not in (2, 3):
+        raise KernelError(f"{k}: cos must be [max_pos, R/2] or [batch, seq, R/2], got {_shape(ca)}")
+    ca = _f32(cos, k, "cos", cnd)
+    cdef cnp.ndarray sa = _f32(sin, k, "sin", cnd)
+    _same_shape(ca, sa, k, "cos", "sin")
+    cdef Py_ssize_t B = xa.shape[0], S = xa.shape[1], H = xa.shape[2], D = xa.shape[3]
+    cdef Py_ssize_t half = ca.shape[cnd - 1]
+    if 2 * half > D:
+        raise KernelError(f"{k}: rotary dim {2 * half} (2 * cos.shape[-1]) exceeds head_dim {D}")
+    cdef Py_ssize_t maxpos = ca.shape[0]
+    cdef cnp.ndarray pa = None
+    cdef int mode
+    if cnd == 3:
+        if position_ids is not None or start is not None:
+            raise KernelError(f"{k}: 3-D cos/sin caches are per token: pass no position_ids/start")
+        if ca.shape[0] != B or ca.shape[1] != S:
+            raise KernelError(f"{k}: cos has shape {_shape(ca)}, expected ({B}, {S}, R/2)")
+        mode = 2
+    elif position_ids is not None:
+        if start is not None:
+            raise KernelError(f"{k}: pass position_ids or start, not both")
+        pa = _arr(position_ids, k, "position_ids")
+        if pa.dtype.kind not in "iu":
+            raise KernelDtypeError(f"{k}: position_ids must be integers, got {pa.dtype}")
+        if pa.ndim != 2 or pa.shape[1] != S or pa.shape[0] not in (1, B):
+            raise KernelError(f"{k}: position_ids has shape {_shape(pa)}, expected ({B}, {S})")
+        mode = 0
+    elif start is not None:
+        pa = _arr(start, k, "start")
+        if pa.dtype.kind not in "iu":
+            raise KernelDtypeError(f"{k}: start must be integers, got {pa.dtype}")
+        if pa.ndim != 1 or pa.shape[0] != B:
+            raise KernelError(f"{k}: start has shape {_shape(pa)}, expected ({B},)")
+        mode = 1
+    else:
+        raise KernelError(f"{k}: 2-D cos/sin caches need position_ids or start")
+    cdef const int64_t[:, ::1] pidv
+    cdef const int64_t[::1] stv
+    cdef Py_ssize_t b, s, p
+    if mode == 0:
+        pa = cnp.PyArray_FROMANY(pa, cnp.NPY_INT64, 2, 2, cnp.NPY_ARRAY_C_CONTIGUOUS)
+        pidv = pa
+        for b in range(pa.shape[0]):
+            for s in range(S):
+                p = pidv[b, s]
+                if p < 0 or p >= maxpos:
+                    raise KernelError(f"{k}: position_ids[{b}, {s}] = {p} outside the cos/sin cache "
+                                      f"[0, {maxpos})")
+    elif mode == 1:
+        pa = cnp.PyArray_FROMANY(pa, cnp.NPY_INT64, 1, 1, cnp.NPY_ARRAY_C_CONTIGUOUS)
+        stv = pa
+        for b in range(B):
+            if S and (stv[b] < 0 or stv[b] + S > maxpos):
+                raise KernelError(f"{k}: positions [{stv[b]}, {stv[b] + S}) of row {b} outside "
+                                  f"the cos/sin cache [0, {maxpos})")
+    cdef int nt = _threads(num_threads, k)
+    if B == 0 or S == 0 or H == 0 or D == 0:
+        return out
+    nt = _fit_threads(nt, B * S, 3.0 * B * S * H * D)
+    # x/out are strided on their leading axes (memoryviews would demand full contiguity)
+    cdef const char* xp = <const char*>cnp.PyArray_DATA(xa)
+    cdef char* op = <char*>cnp.PyArray_DATA(oa)
+    cdef cnp.npy_intp* xst = cnp.PyArray_STRIDES(xa)
+    cdef cnp.npy_intp* ost = cnp.PyArray_STRIDES(oa)
+    cdef const float[:, ::1] c2
+    cdef const float[:, ::1] s2
+    cdef const float[:, :, ::1] c3
+    cdef const float[:, :, ::1] s3
+    if mode == 2:
+        c3 = ca
+        s3 = sa
+    else:
+        c2 = ca
+        s2 = sa
+    cdef bint pid_bcast = mode == 0 and pa.shape[0] == 1
+    cdef Py_ssize_t item, h, i
+    cdef const float* cr
+    cdef const float* sr
+    cdef const float* xr
+    cdef float* yr
+    cdef float x0, x1
+    with nogil:
+        for item in prange(B * S, num_threads=nt, schedule="static"):
+            b = item // S
+            s = item % S
+            if mode == 2:
+                cr = &c3[b, s, 0]
+                sr = &s3[b, s, 0]
+            else:
+                if mode == 0:
+                    p = pidv[0 if pid_bcast else b, s]
+                else:
+                    p = stv[b] + s
+                cr = &c2[p, 0]
+                sr = &s2[p, 0]
+            for h in range(H):
+                xr = <const float*>(xp + b * xst[0] + s * xst[1] + h * xst[2])
+                yr = <float*>(op + b * ost[0] + s * ost[1] + h * ost[2])
+                if interleaved:
+                    for i in range(half):
+                        x0 = xr[2 * i]
+                        x1 = xr[2 * i + 1]
+                        yr[2 * i] = x0 * cr[i] - x1 * sr[i]
+                        yr[2 * i + 1] = x1 * cr[i] + x0 * sr[i]
+                else:
+                    for i in range(half):
+                        x0 = xr[i]
+                        x1 = xr[i + half]
+                        yr[i] = x0 * cr[i] - x1 * sr[i]
+                        yr[i + half] = x1 * cr[i] + x0 * sr[i]
+                if yr != xr:
+                    for i in range(2 * half, D):
+                        yr[i] = xr[i]
+    return out

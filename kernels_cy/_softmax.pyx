@@ -1,0 +1,46 @@
+# cython: boundscheck=False, wraparound=False, initializedcheck=False, cdivision=True
+"""Numerically stable softmax over the last axis (rows are the flattened leading axes)."""
+from cython.parallel cimport prange
+from libc.math cimport INFINITY
+
+include "_common.pxi"
+
+__all__ = ["softmax"]
+
+
+cdef inline void _softmax_row(const float* x, float* y, Py_ssize_t n) noexcept nogil:
+    cdef Py_ssize_t j
+    cdef float m = -INFINITY
+    for j in range(n):
+        if x[j] > m:
+            m = x[j]
+        y[j] = x[j]
+    if m == -INFINITY:
+        # every entry is -inf: onnxruntime and onnx.reference give NaN rows; keep that
+        for j in range(n):
+            y[j] = y[j] - m
+        return
+    cdef float total = of_expsum(y, m, n)
+    of_scal(y, 1.0 / total, n)
+
+
+def softmax(x, out, num_threads=None):
+    """``out[r, :] = exp(x[r, :] - max) / sum(exp(x[r, :] - max))``.
+
+    x, out: float32 [rows, n] C-contiguous; ``out`` may be ``x``. Parallel over rows.
+    """
+    cdef str k = "softmax"
+    cdef cnp.ndarray xa = _f32(x, k, "x", 2)
+    cdef cnp.ndarray oa = _f32(out, k, "out", 2, writable=True)
+    _same_shape(xa, oa, k, "x", "out")
+    cdef int nt = _threads(num_threads, k)
+    cdef const float[:, ::1] xv = xa
+    cdef float[:, ::1] ov = oa
+    cdef Py_ssize_t rows = xv.shape[0], n = xv.shape[1], r
+    if rows == 0 or n == 0:
+        return out
+    nt = _fit_threads(nt, rows, 20.0 * rows * n)
+    with nogil:
+        for r in prange(rows, num_threads=nt, schedule="static"):
+            _softmax_row(&xv[r, 0], &ov[r, 0], n)
+    return out

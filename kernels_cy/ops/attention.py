@@ -1,0 +1,520 @@
+"""Attention-family kernels: RotaryEmbedding (ONNX and com.microsoft), ONNX Attention,
+com.microsoft GroupQueryAttention (rotary, seqlens_k, shared past/present buffer),
+com.microsoft MatMulNBits and ai.onnxforge CacheUpdate (in place).
+
+Grouped heads are handled by reshaping the queries to ``[B, Nkv, group * S, H]``
+so one batched product per KV head reads the keys in place (no repeat of K/V).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from onnxforge.kernels_cy.ops import fast
+from onnxforge.kernels_cy.ops.base import Kernel, NodeSpec, register
+
+F32 = np.dtype(np.float32)
+
+__all__ = ["rotate", "grouped_attention"]
+
+
+def rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, interleaved: bool, rot_dim: int) -> np.ndarray:
+    """Rotary embedding of ``x`` [..., S, N, H] with ``cos``/``sin`` broadcastable to [..., S, 1, rot/2]."""
+    out = np.array(x, copy=True)
+    xr = x[..., :rot_dim]
+    if interleaved:
+        x1, x2 = xr[..., 0::2], xr[..., 1::2]
+        out[..., 0:rot_dim:2] = cos * x1 - sin * x2
+        out[..., 1:rot_dim:2] = sin * x1 + cos * x2
+    else:
+        h = rot_dim // 2
+        x1, x2 = xr[..., :h], xr[..., h:]
+        out[..., :h] = cos * x1 - sin * x2
+        out[..., h:rot_dim] = sin * x1 + cos * x2
+    return out
+
+
+@register("", "RotaryEmbedding")
+class RotaryEmbedding(Kernel):
+    """ONNX opset 23: (X, cos_cache, sin_cache, position_ids?)."""
+
+    def __init__(self, spec: NodeSpec):
+        super().__init__(spec)
+        self.interleaved = bool(spec.int("interleaved", 0))
+        self.num_heads = spec.int("num_heads", 0)
+        self.rot = spec.int("rotary_embedding_dim", 0)
+
+    def run(self, x, cos_cache, sin_cache, position_ids=None):
+        four = x.ndim == 4
+        if four:  # [B, N, S, H] -> [B, S, N, H]
+            xs = np.transpose(x, (0, 2, 1, 3))
+        else:
+            if not self.num_heads:
+                raise self.error("a 3-D input needs the num_heads attribute")
+            b, s, hid = x.shape
+            xs = x.reshape(b, s, self.num_heads, hid // self.num_heads)
+        rot = self.rot or xs.shape[-1]
+        if (fast.rotary is not None and x.dtype == F32 and cos_cache.dtype == F32 and sin_cache.dtype == F32
+                and xs.strides[-1] == 4 and cos_cache.shape[-1] * 2 == rot and rot <= xs.shape[-1]
+                and (position_ids is not None or cos_cache.ndim == 3)):
+            out = np.empty(x.shape, dtype=F32)
+            ov = np.transpose(out, (0, 2, 1, 3)) if four else out.reshape(xs.shape)
+            fast.rotary(xs, cos_cache, sin_cache, ov, position_ids=position_ids, interleaved=self.interleaved)
+            return out
+        if position_ids is not None:
+            cos, sin = cos_cache[position_ids], sin_cache[position_ids]
+        else:
+            cos, sin = cos_cache, sin_cache
+        if cos.shape[-1] != rot // 2:
+            raise self.error(f"cos cache last dimension {cos.shape[-1]} != rotary dim / 2 = {rot // 2}")
+        y = rotate(xs, cos[:, :, None, :], sin[:, :, None, :], self.interleaved, rot)
+        if four:
+            return np.ascontiguousarray(np.transpose(y, (0, 2, 1, 3)))
+        return y.reshape(x.shape)
+
+
+@register("com.microsoft", "RotaryEmbedding")
+class MsRotaryEmbedding(Kernel):
+    """com.microsoft: (input, position_ids, cos_cache, sin_cache)."""
+
+    def __init__(self, spec: NodeSpec):
+        super().__init__(spec)
+        self.interleaved = bool(spec.int("interleaved", 0))
+        self.num_heads = spec.int("num_heads", 0)
+        self.rot = spec.int("rotary_embedding_dim", 0)
+        if spec.int("is_packed_batching", 0):
+            raise spec.fail("is_packed_batching=1 is not supported")
+
+    def run(self, x, position_ids, cos_cache, sin_cache):
+        four = x.ndim == 4
+        if four:
+            xs = np.transpose(x, (0, 2, 1, 3))
+        else:
+            b, s, hid = x.shape
+            h = cos_cache.shape[-1] * 2 if not self.num_heads else hid // self.num_heads
+            if self.rot and not self.num_heads:
+                raise self.error("num_heads is required with rotary_embedding_dim")
+            xs = x.reshape(b, s, hid // h, h)
+        b, s = xs.shape[0], xs.shape[1]
+        rot = self.rot or xs.shape[-1]
+        pos = np.asarray(position_ids, dtype=np.int64)
+        if pos.size == 1 and pos.ndim <= 1:
+            pos = int(pos.reshape(-1)[0]) + np.arange(s)[None, :].repeat(b, 0)
+        cos, sin = cos_cache[pos], sin_cache[pos]
+        y = rotate(xs, cos[:, :, None, :], sin[:, :, None, :], self.interleaved, rot)
+        if four:
+            return np.ascontiguousarray(np.transpose(y, (0, 2, 1, 3)))
+        return y.reshape(x.shape)
+
+
+def grouped_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float,
+                      bias: np.ndarray | None) -> np.ndarray:
+    """softmax(q k^T * scale + bias) v with grouped heads.
+
+    q [Nq, S, H], k [Nkv, T, H], v [Nkv, T, Hv], bias broadcastable to [Nq, S, T]
+    (or None); returns [Nq, S, Hv].
+    """
+    nq, s, h = q.shape
+    nkv, t = k.shape[0], k.shape[1]
+    g = nq // nkv
+    qg = q.reshape(nkv, g * s, h)
+    scores = np.matmul(qg, np.swapaxes(k, 1, 2))  # [Nkv, g*S, T]
+    scores *= scores.dtype.type(scale)
+    scores = scores.reshape(nq, s, t)
+    if bias is not None:
+        scores += bias
+    m = np.max(scores, axis=-1, keepdims=True)
+    m[np.isneginf(m)] = 0
+    scores -= m
+    np.exp(scores, out=scores)
+    tot = np.sum(scores, axis=-1, keepdims=True)
+    tot[tot == 0] = 1
+    scores /= tot
+    out = np.matmul(scores.reshape(nkv, g * s, t), v)  # [Nkv, g*S, Hv]
+    return out.reshape(nq, s, v.shape[-1])
+
+
+@register("", "Attention")
+class Attention(Kernel):
+    """ONNX Attention (opsets 23/24): 3-D or 4-D Q/K/V, masks, causal, past, GQA."""
+
+    def __init__(self, spec: NodeSpec):
+        super().__init__(spec)
+        self.causal = bool(spec.int("is_causal", 0))
+        self.q_heads = spec.attrs.get("q_num_heads")
+        self.kv_heads = spec.attrs.get("kv_num_heads")
+        self.scale = spec.attrs.get("scale")
+        self.softcap = spec.float("softcap", 0.0)
+        self.mode = spec.int("qk_matmul_output_mode", 0)
+        self.n_out = spec.n_outputs
+        if self.mode not in (0, 1, 2, 3):
+            raise spec.fail(f"qk_matmul_output_mode={self.mode} is not supported")
+        sp = spec.attrs.get("softmax_precision")
+        self.softmax_dtype = None
+        if sp:
+            from onnxforge.proto_ext.dtypes import np_dtype
+
+            self.softmax_dtype = np_dtype(int(sp))
+        self.left = spec.int("left_window_size", -1)
+        self.right = spec.int("right_window_size", -1)
+        if self.left < -1 or self.right < -1:
+            raise spec.fail(f"window sizes must be -1 or >= 0, got {self.left}, {self.right}")
+
+    def run(self, q, k, v, mask=None, past_k=None, past_v=None, nonpad=None):
+        three = q.ndim == 3
+        if three:
+            b = q.shape[0]
+            q = q.reshape(b, q.shape[1], self.q_heads, -1).transpose(0, 2, 1, 3)
+            k = k.reshape(b, k.shape[1], self.kv_heads, -1).transpose(0, 2, 1, 3)
+            v = v.reshape(b, v.shape[1], self.kv_heads, -1).transpose(0, 2, 1, 3)
+        b, nq, s, h = q.shape
+        present_k = np.concatenate((past_k, k), axis=2) if past_k is not None else k
+        present_v = np.concatenate((past_v, v), axis=2) if past_v is not None else v
+        t = present_k.shape[2]
+        scale = self.scale if self.scale is not None else 1.0 / np.sqrt(h)
+        dt = q.dtype
+        if (dt == F32 and self.n_out <= 3 and self.softcap <= 0 and nonpad is None and self.left < 0
+                and self.right < 0 and self.softmax_dtype is None
+                and (mask is None or mask.shape[-1] == t)):
+            y = self._fast(q, present_k, present_v, mask, past_k, scale, three)
+            outs = (y, np.ascontiguousarray(present_k), np.ascontiguousarray(present_v))
+            return y if self.n_out == 1 else outs[:self.n_out]
+        bias = np.zeros((s, t), dtype=dt)
+        if mask is not None:
+            if mask.dtype == np.bool_:
+                mask = np.where(mask, dt.type(0), dt.type(-np.inf))
+            pad = t - mask.shape[-1]
+            if pad > 0:
+                mask = np.pad(mask, [(0, 0)] * (mask.ndim - 1) + [(0, pad)], constant_values=-np.inf)
+            bias = bias + mask
+        if self.causal:
+            off = past_k.shape[2] if past_k is not None else 0
+            if past_k is None and nonpad is not None:
+                offs = nonpad.reshape(-1, 1, 1, 1) - s
+            else:
+                offs = off
+            allowed = np.arange(t)[None, :] <= (np.arange(s)[:, None] + offs)
+            bias = bias + np.where(allowed, dt.type(0), dt.type(-np.inf))
+        if self.left >= 0 or self.right >= 0:
+            if past_k is None and nonpad is not None:
+                woff = (nonpad.reshape(-1) - s).reshape(-1, 1, 1, 1)
+            else:
+                woff = past_k.shape[2] if past_k is not None else 0
+            diff = (np.arange(s)[:, None] + woff) - np.arange(t)[None, :]
+            ok = np.ones(np.shape(diff), dtype=bool)
+            if self.left >= 0:
+                ok &= diff <= self.left
+            if self.right >= 0:
+                ok &= -diff <= self.right
+            bias = bias + np.where(ok, dt.type(0), dt.type(-np.inf))
+        if nonpad is not None:
+            pm = np.arange(t)[None, :] < nonpad[:, None]
+            bias = bias + np.where(pm, 0, -np.inf).astype(dt).reshape(b, 1, 1, t)
+        bias = np.broadcast_to(bias, (b, nq, s, t)) if bias.ndim == 4 else np.broadcast_to(
+            bias, (b, nq, s, t))
+        nkv = present_k.shape[1]
+        g = nq // nkv
+        sq = dt.type(np.sqrt(scale))
+        qg = (q * sq).reshape(b, nkv, g * s, h)
+        qk = np.matmul(qg, np.swapaxes(present_k * sq, 2, 3)).astype(dt).reshape(b, nq, s, t)
+        if self.softcap > 0:
+            qk = (np.tanh(qk / dt.type(self.softcap)) * dt.type(self.softcap)).astype(dt)
+        biased = (qk + bias).astype(dt)
+        sm_dt = self.softmax_dtype or dt
+        x = biased.astype(sm_dt)
+        m = np.max(x, axis=-1, keepdims=True)
+        m = np.where(np.isneginf(m), 0, m).astype(sm_dt)
+        e = np.exp(x - m)
+        tot = np.sum(e, axis=-1, keepdims=True)
+        tot = np.where(tot == 0, 1, tot).astype(sm_dt)
+        p = e / tot
+        p = np.where(np.isneginf(np.max(bias, axis=-1, keepdims=True)), 0, p).astype(dt)
+        y = np.matmul(p.reshape(b, nkv, g * s, t), present_v).astype(dt).reshape(b, nq, s, -1)
+        if three:
+            y = y.transpose(0, 2, 1, 3).reshape(b, s, -1)
+        y = np.ascontiguousarray(y)
+        outs = [y, np.ascontiguousarray(present_k), np.ascontiguousarray(present_v)]
+        if self.n_out > 3:
+            qk_out = {2: biased, 3: p}.get(self.mode, qk)
+            outs.append(np.ascontiguousarray(qk_out.astype(dt)))
+        return y if self.n_out == 1 else tuple(outs[:self.n_out])
+
+
+    def _fast(self, q, pk, pv, mask, past_k, scale, three):
+        """float32 without softcap / windows / extra outputs: one product, an in-place
+        softmax and one product (scale applied once to the scores)."""
+        b, nq, s, h = q.shape
+        nkv, t = pk.shape[1], pk.shape[2]
+        g = nq // nkv
+        sc = np.matmul(q.reshape(b, nkv, g * s, h), np.swapaxes(pk, 2, 3)).reshape(b, nq, s, t)
+        sc *= F32.type(scale)
+        if mask is not None:
+            sc += np.where(mask, F32.type(0), F32.type(-np.inf)) if mask.dtype == np.bool_ else mask
+        if self.causal:
+            off = past_k.shape[2] if past_k is not None else 0
+            sc += np.where(np.arange(t)[None, :] <= np.arange(s)[:, None] + off, F32.type(0),
+                           F32.type(-np.inf))
+        m = np.max(sc, axis=-1, keepdims=True)
+        dead = np.isneginf(m)
+        if dead.any():
+            m[dead] = 0
+        sc -= m
+        np.exp(sc, out=sc)
+        tot = np.sum(sc, axis=-1, keepdims=True)
+        if dead.any():
+            tot[dead] = 1
+        sc /= tot
+        y = np.matmul(sc.reshape(b, nkv, g * s, t), pv).reshape(b, nq, s, -1)
+        if three:
+            return np.ascontiguousarray(y.transpose(0, 2, 1, 3)).reshape(b, s, -1)
+        return y
+
+
+@register("com.microsoft", "GroupQueryAttention")
+class GroupQueryAttention(Kernel):
+    """com.microsoft GroupQueryAttention on the CPU, as onnxruntime defines it.
+
+    Per batch row ``b`` the valid total length is ``seqlens_k[b] + 1`` and the new
+    tokens sit at positions ``[seqlens_k[b] + 1 - S, seqlens_k[b] + 1)`` (right
+    padding). With ``do_rotary`` the queries and keys are rotated at those positions.
+    When the node aliases present to past (output_alias), the new keys and values
+    are written into the past buffer in place and the buffer is returned;
+    otherwise present is a new [B, Nkv, max(total, past), H] buffer.
+    """
+
+    def __init__(self, spec: NodeSpec):
+        super().__init__(spec)
+        self.nq = spec.int("num_heads")
+        self.nkv = spec.int("kv_num_heads")
+        if self.nkv <= 0 or self.nq % self.nkv:
+            raise spec.fail(f"num_heads={self.nq} must be a multiple of kv_num_heads={self.nkv}")
+        self.scale = spec.float("scale", 0.0)
+        self.window = spec.int("local_window_size", -1)
+        self.softcap = spec.float("softcap", 0.0)
+        self.rotary = bool(spec.int("do_rotary", 0))
+        self.interleaved = bool(spec.int("rotary_interleaved", 0))
+        if spec.int("smooth_softmax", 0):
+            raise spec.fail("smooth_softmax=1 is not supported")
+        if spec.has_input(10) or spec.has_input(11):
+            raise spec.fail("attention_bias and head_sink inputs are not supported")
+        self.shared = (1, 3) in spec.aliases or (2, 4) in spec.aliases
+        self.n_out = spec.n_outputs
+        self.spec_threads = spec.threads_for
+
+    def run(self, q, k=None, v=None, past_k=None, past_v=None, seqlens_k=None, total_len=None,
+            cos_cache=None, sin_cache=None, position_ids=None, attention_bias=None, head_sink=None):
+        b, s = q.shape[0], q.shape[1]
+        nq, nkv = self.nq, self.nkv
+        if k is None:  # packed QKV
+            h = q.shape[2] // (nq + 2 * nkv)
+            qq = q[:, :, :nq * h]
+            k = q[:, :, nq * h:(nq + nkv) * h]
+            v = q[:, :, (nq + nkv) * h:]
+            q = qq
+        h = q.shape[2] // nq
+        qs = q.reshape(b, s, nq, h)
+        ks = k.reshape(b, s, nkv, h)
+        vs = v.reshape(b, s, nkv, h)
+        if seqlens_k is None or total_len is None:
+            raise self.error("seqlens_k and total_sequence_length are required")
+        seqlens = np.asarray(seqlens_k, dtype=np.int64).reshape(-1) + 1
+        total = int(np.asarray(total_len).reshape(-1)[0])
+        cap = past_k.shape[2] if past_k is not None else 0
+        past_len = np.maximum(seqlens - s, 0)
+        if self.shared:
+            if np.any(past_len + s > cap):
+                raise self.error(f"new tokens at {past_len.tolist()} + {s} exceed the buffer capacity {cap}")
+        if self.rotary:
+            if position_ids is not None:
+                pos = np.asarray(position_ids, dtype=np.int64).reshape(b, s)
+            else:
+                pos = past_len[:, None] + np.arange(s)[None, :]
+            if pos.size and (pos.max() >= cos_cache.shape[0] or pos.min() < 0):
+                raise self.error(f"positions up to {int(pos.max())} exceed the rotary cache "
+                                 f"of {cos_cache.shape[0]}")
+            if (fast.rotary is not None and q.dtype == F32 and cos_cache.dtype == F32
+                    and qs.strides[-1] == 4 and ks.strides[-1] == 4):
+                qr = np.empty(qs.shape, dtype=F32)
+                kr = np.empty(ks.shape, dtype=F32)
+                fast.rotary(qs, cos_cache, sin_cache, qr, position_ids=pos, interleaved=self.interleaved)
+                fast.rotary(ks, cos_cache, sin_cache, kr, position_ids=pos, interleaved=self.interleaved)
+                qs, ks = qr, kr
+            else:
+                cos = cos_cache[pos][:, :, None, :]
+                sin = sin_cache[pos][:, :, None, :]
+                rot = cos_cache.shape[-1] * 2
+                qs = rotate(qs, cos, sin, self.interleaved, rot)
+                ks = rotate(ks, cos, sin, self.interleaved, rot)
+        if self.shared:
+            pk, pv = past_k, past_v
+        else:
+            plen = max(total, cap)
+            pk = np.zeros((b, nkv, plen, h), dtype=q.dtype)
+            pv = np.zeros((b, nkv, plen, h), dtype=q.dtype)
+        out = np.empty((b, s, nq, h), dtype=q.dtype)
+        scale = self.scale or 1.0 / np.sqrt(h)
+        if (fast.gqa_attention is not None and q.dtype == F32 and self.window < 0 and nq // nkv <= 16
+                and qs.strides[-1] == 4 and h <= 256):
+            for i in range(b):
+                p0 = int(past_len[i])
+                if not self.shared and past_k is not None and p0:
+                    pk[i, :, :p0] = past_k[i, :, :p0]
+                    pv[i, :, :p0] = past_v[i, :, :p0]
+                pk[i, :, p0:p0 + s] = ks[i].transpose(1, 0, 2)
+                pv[i, :, p0:p0 + s] = vs[i].transpose(1, 0, 2)
+            totals = np.minimum(np.maximum(seqlens, past_len + s), pk.shape[2])
+            work = int(totals.sum()) * nq * h * 2
+            fast.gqa_attention(qs, pk, pv, totals, out, float(scale), query_start=past_len,
+                               softcap=float(self.softcap), num_threads=self.spec_threads(work))
+            y = out.reshape(b, s, nq * h)
+            return (y, pk, pv)[:self.n_out] if self.n_out > 1 else y
+        for i in range(b):
+            p0 = int(past_len[i])
+            t = int(seqlens[i])
+            if not self.shared and past_k is not None and p0:
+                pk[i, :, :p0] = past_k[i, :, :p0]
+                pv[i, :, :p0] = past_v[i, :, :p0]
+            pk[i, :, p0:p0 + s] = ks[i].transpose(1, 0, 2)
+            pv[i, :, p0:p0 + s] = vs[i].transpose(1, 0, 2)
+            t = max(t, min(p0 + s, pk.shape[2]))
+            kk = pk[i, :, :t]
+            vv = pv[i, :, :t]
+            bias = None
+            if s > 1 or self.window >= 0:
+                qpos = p0 + np.arange(s)[:, None]
+                kpos = np.arange(t)[None, :]
+                allowed = kpos <= qpos
+                if self.window >= 0:
+                    allowed &= kpos > qpos - self.window
+                bias = np.where(allowed, 0, -np.inf).astype(q.dtype)
+            qi = np.ascontiguousarray(qs[i].transpose(1, 0, 2))  # [Nq, S, H]
+            if self.softcap > 0:
+                out[i] = _softcap_attention(qi, kk, vv, scale, bias, self.softcap).transpose(1, 0, 2)
+            else:
+                out[i] = grouped_attention(qi, kk, vv, scale, bias).transpose(1, 0, 2)
+        y = out.reshape(b, s, nq * h)
+        return (y, pk, pv)[:self.n_out] if self.n_out > 1 else y
+
+
+def _softcap_attention(q, k, v, scale, bias, cap):
+    nq, s, h = q.shape
+    nkv, t = k.shape[0], k.shape[1]
+    g = nq // nkv
+    sc = np.matmul(q.reshape(nkv, g * s, h), np.swapaxes(k, 1, 2)).reshape(nq, s, t) * q.dtype.type(scale)
+    sc = np.tanh(sc / cap) * cap
+    if bias is not None:
+        sc = sc + bias
+    sc = sc - np.max(sc, axis=-1, keepdims=True)
+    e = np.exp(sc)
+    e /= np.sum(e, axis=-1, keepdims=True)
+    return np.matmul(e.reshape(nkv, g * s, t), v).reshape(nq, s, -1).astype(q.dtype)
+
+
+@register("com.microsoft", "MatMulNBits")
+class MatMulNBits(Kernel):
+    """A [.., K] x dequantized B^T [K, N]: bits 2/4/8, block-wise scales, optional
+    zero points (packed uint8 or scale-typed), optional bias. A constant B is
+    dequantized once at plan time into a [K, N] float matrix."""
+
+    def __init__(self, spec: NodeSpec):
+        super().__init__(spec)
+        self.k = spec.int("K")
+        self.n = spec.int("N")
+        self.bits = spec.int("bits", 4)
+        self.bs = spec.int("block_size")
+        if self.bits not in (2, 4, 8):
+            raise spec.fail(f"bits={self.bits} is not supported (2, 4, 8)")
+        if self.bs < 16 or self.bs & (self.bs - 1):
+            raise spec.fail(f"block_size={self.bs} must be a power of two >= 16")
+        if spec.has_input(4):
+            raise spec.fail("g_idx is not supported")
+        self.weight = None
+        self.use_fast = fast.matmul_nbits is not None and self.bits == 4
+        self.threads_for = spec.threads_for
+        consts = [spec.const(i) for i in range(min(spec.n_inputs, 4))]
+        if not self.use_fast and all(consts[i] is not None for i in (1, 2)) and \
+                (not spec.has_input(3) or consts[3] is not None):
+            self.weight = self._dequantize(consts[1], consts[2], consts[3] if spec.has_input(3) else None)
+
+    def _dequantize(self, b, scales, zp):
+        nblk = -(-self.k // self.bs)
+        raw = np.asarray(b, dtype=np.uint8).reshape(self.n, nblk, -1)
+        per = 8 // self.bits
+        mask = (1 << self.bits) - 1
+        codes = np.empty((self.n, nblk, raw.shape[2] * per), dtype=np.uint8)
+        for j in range(per):
+            codes[:, :, j::per] = (raw >> (j * self.bits)) & mask
+        codes = codes[:, :, :self.bs].astype(np.float32)
+        sc = np.asarray(scales).reshape(self.n, nblk).astype(np.float32)
+        if zp is None:
+            z = np.float32(1 << (self.bits - 1))
+            zz = np.full((self.n, nblk), z, dtype=np.float32)
+        elif zp.dtype == np.uint8:
+            zr = zp.reshape(self.n, -1)
+            zc = np.empty((self.n, zr.shape[1] * per), dtype=np.uint8)
+            for j in range(per):
+                zc[:, j::per] = (zr >> (j * self.bits)) & mask
+            zz = zc[:, :nblk].astype(np.float32)
+        else:
+            zz = None
+            zf = np.asarray(zp, dtype=np.float32).reshape(self.n, nblk)
+        if zz is None:  # zero points of the scales' type
+            zz = zf
+        w = (codes - zz[:, :, None]) * sc[:, :, None]
+        w = w.reshape(self.n, nblk * self.bs)[:, :self.k]
+        return np.ascontiguousarray(w.T.astype(np.asarray(scales).dtype))  # [K, N]
+
+    def run(self, a, b, scales, zp=None, g_idx=None, bias=None):
+        if (self.use_fast and a.dtype == F32 and scales.dtype == F32 and b.flags.c_contiguous
+                and scales.flags.c_contiguous and (zp is None or zp.dtype in (np.uint8, F32))):
+            a2 = np.ascontiguousarray(a.reshape(-1, self.k))
+            out = np.empty(a.shape[:-1] + (self.n,), dtype=F32)
+            fast.matmul_nbits(a2, b, scales, zp, self.k, self.n, out.reshape(-1, self.n),
+                              bits=4, block_size=self.bs, bias=bias,
+                              num_threads=self.threads_for(a2.shape[0] * self.k * self.n))
+            return out
+        w = self.weight if self.weight is not None else self._dequantize(b, scales, zp)
+        y = np.matmul(a, w)
+        if bias is not None:
+            y += bias
+        return y
+
+
+@register("ai.onnxforge", "CacheUpdate")
+class CacheUpdate(Kernel):
+    """Writes ``values`` into ``cache`` at ``position`` along ``axis`` in place; returns ``cache``."""
+
+    fresh = False
+
+    def __init__(self, spec: NodeSpec):
+        super().__init__(spec)
+        self.axis = spec.int("axis", -2)
+
+    def run(self, cache, values, position):
+        if not isinstance(cache, np.ndarray) or not cache.flags.writeable:
+            raise self.error("the cache buffer is not writable")
+        if values.dtype != cache.dtype:
+            raise self.error(f"values are {values.dtype} but the cache is {cache.dtype}")
+        if values.ndim != cache.ndim:
+            raise self.error(f"values have rank {values.ndim}, the cache {cache.ndim}")
+        a = self.axis % cache.ndim
+        n = values.shape[a]
+        cap = cache.shape[a]
+        pos = np.asarray(position, dtype=np.int64).reshape(-1)
+        if pos.size not in (1, cache.shape[0]):
+            raise self.error(f"position has {pos.size} entries for batch {cache.shape[0]}")
+        if pos.size and (pos.min() < 0 or pos.max() + n > cap):
+            raise self.error(f"position {pos.tolist()} + {n} new entries is outside the capacity {cap}")
+        for i, d in enumerate(values.shape):
+            if i != a and d != cache.shape[i]:
+                raise self.error(f"values shape {values.shape} does not match the cache {cache.shape}")
+        if pos.size == 1:
+            idx = [slice(None)] * cache.ndim
+            idx[a] = slice(int(pos[0]), int(pos[0]) + n)
+            cache[tuple(idx)] = values
+        else:
+            for b in range(cache.shape[0]):
+                idx = [b] + [slice(None)] * (cache.ndim - 1)
+                idx[a] = slice(int(pos[b]), int(pos[b]) + n)
+                vidx = [b] + [slice(None)] * (cache.ndim - 1)
+                cache[tuple(idx)] = values[tuple(vidx)]
+        return cache

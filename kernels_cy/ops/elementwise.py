@@ -1,0 +1,317 @@
+"""Elementwise kernels: unary math, binary arithmetic with broadcasting, comparisons,
+logic, Where, Cast and the variadic Max/Min/Sum/Mean (numpy ufuncs, one call each)."""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from onnxforge.kernels_cy.ops.base import Kernel, NodeSpec, register
+from onnxforge.proto_ext.dtypes import np_dtype
+from onnxforge.proto_ext.errors import CodecError
+
+__all__: list[str] = []
+
+
+def _erf(x: np.ndarray) -> np.ndarray:
+    v = np.vectorize(math.erf, otypes=[np.float64])(x)
+    return v.astype(x.dtype)
+
+
+_UNARY: dict[str, Any] = {
+    "Neg": np.negative, "Abs": np.abs, "Sqrt": np.sqrt, "Exp": np.exp, "Log": np.log,
+    "Sin": np.sin, "Cos": np.cos, "Tan": np.tan, "Tanh": np.tanh, "Floor": np.floor,
+    "Ceil": np.ceil, "Asin": np.arcsin, "Acos": np.arccos, "Atan": np.arctan, "Sinh": np.sinh,
+    "Cosh": np.cosh, "Asinh": np.arcsinh, "Acosh": np.arccosh, "Atanh": np.arctanh,
+    "Sign": np.sign, "Round": np.round, "Erf": _erf,
+}
+
+
+class _Unary(Kernel):
+    def __init__(self, spec: NodeSpec):
+        super().__init__(spec)
+        self.fn = _UNARY[spec.op_type]
+
+    def run(self, x):
+        return np.asarray(self.fn(x))
+
+
+for _name in _UNARY:
+    register("", _name)(_Unary)
+
+
+@register("", "Reciprocal")
+class Reciprocal(Kernel):
+    def run(self, x):
+        return np.reciprocal(x)
+
+
+@register("", "Not")
+class Not(Kernel):
+    def run(self, x):
+        return np.logical_not(x)
+
+
+@register("", "IsNaN")
+class IsNaN(Kernel):
+    def run(self, x):
+        return np.isnan(x)
+
+
+@register("", "IsInf")
+class IsInf(Kernel):
+    def __init__(self, spec: NodeSpec):
+        super().__init__(spec)
+        self.neg = spec.int("detect_negative", 1)
+        self.pos = spec.int("detect_positive", 1)
+
+    def run(self, x):
+        if self.neg and self.pos:
+            return np.isinf(x)
+        if self.pos:
+            return np.isposinf(x)
+        if self.neg:
+            return np.isneginf(x)
+        return np.zeros(x.shape, dtype=bool)
+
+
+@register("", "Relu")
+class Relu(Kernel):
+    def run(self, x):
+        return np.maximum(x, x.dtype.type(0))
+
+
+@register("", "Sigmoid")
+class Sigmoid(Kernel):
+    def run(self, x):
+        # 1 / (1 + exp(-x)) without overflow warnings for large |x|
+        with np.errstate(over="ignore"):
+            out = np.exp(-x)
+            out += 1
+            return np.reciprocal(out, out=out)
+
+
+@register("", "LeakyRelu")
+class LeakyRelu(Kernel):
+    def __init__(self, spec: NodeSpec):
+        super().__init__(spec)
+        self.alpha = spec.float("alpha", 0.01)
+
+    def run(self, x):
+        return np.where(x >= 0, x, x * x.dtype.type(self.alpha)).astype(x.dtype)
+
+
+@register("", "Softplus")
+class Softplus(Kernel):
+    def run(self, x):
+        return np.logaddexp(x, x.dtype.type(0)).astype(x.dtype)
+
+
+@register("", "Gelu")
+class Gelu(Kernel):
+    def __init__(self, spec: NodeSpec):
+        super().__init__(spec)
+        self.approx = spec.choice("approximate", "none", {"none", "tanh"})
+
+    def run(self, x):
+        x64 = x.astype(np.float64)
+        if self.approx == "tanh":
+            y = 0.5 * x64 * (1 + np.tanh(math.sqrt(2 / math.pi) * (x64 + 0.044715 * x64 ** 3)))
+        else:
+            y = 0.5 * x64 * (1 + np.vectorize(math.erf)(x64 / math.sqrt(2)))
+        return y.astype(x.dtype)
+
+
+def _int_div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    if a.dtype.kind == "u":
+        return np.floor_divide(a, b)
+    q = np.floor_divide(a, b)
+    fix = (np.remainder(a, b) != 0) & ((a < 0) != (b < 0))
+    return (q + fix).astype(q.dtype)
+
+
+class _Binary(Kernel):
+    FN: Any = None
+
+    def run(self, a, b):
+        return self.FN(a, b)
+
+
+@register("", "Add")
+class Add(_Binary):
+    FN = staticmethod(np.add)
+
+
+@register("", "Sub")
+class Sub(_Binary):
+    FN = staticmethod(np.subtract)
+
+
+@register("", "Mul")
+class Mul(_Binary):
+    FN = staticmethod(np.multiply)
+
+
+@register("", "Div")
+class Div(Kernel):
+    def run(self, a, b):
+        if a.dtype.kind in "iu":
+            return _int_div(a, b)
+        return np.divide(a, b)
+
+
+@register("", "Mod")
+class Mod(Kernel):
+    def __init__(self, spec: NodeSpec):
+        super().__init__(spec)
+        self.fmod = spec.int("fmod", 0)
+
+    def run(self, a, b):
+        if self.fmod:
+            return np.fmod(a, b)
+        return np.mod(a, b)
+
+
+@register("", "Pow")
+class Pow(Kernel):
+    def run(self, a, b):
+        if b.ndim == 0 and a.dtype.kind == "f":
+            e = float(b)
+            if e == 2.0:
+                return np.multiply(a, a)
+            if e == 0.5:
+                return np.sqrt(a)
+            if e == 1.0:
+                return np.array(a, copy=True)
+            return np.power(a, a.dtype.type(e))
+        if a.dtype.kind in "iu" and b.dtype.kind == "f":
+            return np.power(a.astype(np.float64), b).astype(a.dtype)
+        return np.power(a, b.astype(a.dtype) if b.dtype != a.dtype else b).astype(a.dtype, copy=False)
+
+
+_COMPARE = {"Equal": np.equal, "Less": np.less, "LessOrEqual": np.less_equal,
+            "Greater": np.greater, "GreaterOrEqual": np.greater_equal,
+            "And": np.logical_and, "Or": np.logical_or, "Xor": np.logical_xor,
+            "BitwiseAnd": np.bitwise_and, "BitwiseOr": np.bitwise_or, "BitwiseXor": np.bitwise_xor}
+
+
+class _Compare(Kernel):
+    def __init__(self, spec: NodeSpec):
+        super().__init__(spec)
+        self.fn = _COMPARE[spec.op_type]
+
+    def run(self, a, b):
+        return np.asarray(self.fn(a, b))
+
+
+for _name in _COMPARE:
+    register("", _name)(_Compare)
+
+
+@register("", "BitwiseNot")
+class BitwiseNot(Kernel):
+    def run(self, x):
+        return np.invert(x)
+
+
+@register("", "Where")
+class Where(Kernel):
+    def run(self, c, a, b):
+        return np.where(c, a, b)
+
+
+class _Variadic(Kernel):
+    def __init__(self, spec: NodeSpec):
+        super().__init__(spec)
+        self.op = spec.op_type
+
+    def run(self, *xs):
+        if self.op == "Max":
+            out = xs[0]
+            for x in xs[1:]:
+                out = np.maximum(out, x)
+        elif self.op == "Min":
+            out = xs[0]
+            for x in xs[1:]:
+                out = np.minimum(out, x)
+        else:
+            out = xs[0]
+            for x in xs[1:]:
+                out = np.add(out, x)
+            if self.op == "Mean":
+                out = (out / len(xs)).astype(xs[0].dtype)
+        if out is xs[0]:
+            out = np.array(out, copy=True)
+        return out
+
+
+for _name in ("Max", "Min", "Sum", "Mean"):
+    register("", _name)(_Variadic)
+
+
+@register("", "Clip")
+class Clip(Kernel):
+    def __init__(self, spec: NodeSpec):
+        super().__init__(spec)
+        self.lo = spec.attrs.get("min") if spec.opset < 11 else None
+        self.hi = spec.attrs.get("max") if spec.opset < 11 else None
+
+    def run(self, x, lo=None, hi=None):
+        lo = self.lo if lo is None else lo
+        hi = self.hi if hi is None else hi
+        out = np.array(x, copy=True)
+        if lo is not None:
+            np.maximum(out, np.asarray(lo, dtype=x.dtype), out=out)
+        if hi is not None:
+            np.minimum(out, np.asarray(hi, dtype=x.dtype), out=out)
+        return out
+
+
+def _cast_to(x: np.ndarray, dtype: np.dtype, saturate: bool) -> np.ndarray:
+    if dtype == x.dtype:
+        return np.array(x, copy=True)
+    if dtype.kind == "U" or dtype == np.dtype(object):
+        return x.astype(str).astype(object)
+    if x.dtype == np.dtype(object) or x.dtype.kind == "U":
+        return x.astype(np.float64 if dtype.kind == "f" or dtype.kind == "V" else dtype).astype(dtype)
+    name = dtype.name
+    if saturate and name.startswith("float8"):
+        import ml_dtypes
+
+        info = ml_dtypes.finfo(dtype)
+        xf = x.astype(np.float32)
+        xf = np.where(np.isinf(xf), np.sign(xf) * float(info.max), xf) if "fn" in name else xf
+        xf = np.clip(xf, float(info.min), float(info.max)) if not np.all(np.isnan(xf)) else xf
+        return xf.astype(dtype)
+    if x.dtype.kind == "V" or x.dtype.name in ("bfloat16",) or name in ("bfloat16",):
+        return x.astype(np.float32).astype(dtype)
+    return x.astype(dtype)
+
+
+@register("", "Cast")
+class Cast(Kernel):
+    def __init__(self, spec: NodeSpec):
+        super().__init__(spec)
+        to = spec.int("to")
+        if to == 8:  # STRING
+            self.dtype = np.dtype(object)
+        else:
+            try:
+                self.dtype = np_dtype(to)
+            except CodecError:
+                raise spec.fail(f"attribute to={to} names no supported element type") from None
+        self.saturate = bool(spec.int("saturate", 1))
+
+    def run(self, x):
+        return _cast_to(x, self.dtype, self.saturate)
+
+
+@register("", "CastLike")
+class CastLike(Kernel):
+    def __init__(self, spec: NodeSpec):
+        super().__init__(spec)
+        self.saturate = bool(spec.int("saturate", 1))
+
+    def run(self, x, like):
+        return _cast_to(x, like.dtype, self.saturate)

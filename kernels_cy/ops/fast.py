@@ -1,0 +1,28 @@
+"""The compiled hot kernels (``kernels_cy/_*.pyx``), or None where a module is not built.
+
+Kernel objects call these for float32 C-contiguous operands and keep a numpy path
+for every other case, so the backend works (slower) without the extensions.
+"""
+from __future__ import annotations
+
+from importlib import import_module
+from typing import Any
+
+__all__ = ["cython_kernel"]
+
+
+def cython_kernel(module: str, name: str) -> Any:
+    """``onnxforge.kernels_cy.<module>.<name>``, or None when the extension is missing."""
+    try:
+        return getattr(import_module(f"onnxforge.kernels_cy.{module}"), name)
+    except (ImportError, AttributeError):
+        return None
+
+
+rms_norm = cython_kernel("_norm", "rms_norm")
+skip_rms_norm = cython_kernel("_norm", "skip_rms_norm")
+rotary = cython_kernel("_rotary", "rotary")
+gqa_attention = cython_kernel("_attention", "gqa_attention")
+matmul_nbits = cython_kernel("_matmul_nbits", "matmul_nbits")
+softmax = cython_kernel("_softmax", "softmax")
+cache_update = cython_kernel("_cache", "cache_update")

@@ -1,0 +1,444 @@
+"""Shape and data-movement kernels.
+
+Views (``fresh = False``): Reshape, Squeeze, Unsqueeze, Flatten, Identity and Slice
+return numpy views of their input where that is legal; a view that needs a
+contiguous input it does not have copies once and reports it as materialized.
+Everything else returns new arrays.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from onnxforge.kernels_cy.ops.base import Kernel, NodeSpec, register
+
+__all__ = ["reshape_target"]
+
+
+def reshape_target(shape: Any, data_shape: tuple[int, ...], allowzero: int) -> tuple[int, ...]:
+    """The concrete target of ONNX Reshape (0 copies a dimension unless ``allowzero``)."""
+    out = [int(d) for d in shape]
+    if not allowzero:
+        for i, d in enumerate(out):
+            if d == 0:
+                out[i] = data_shape[i]
+    return tuple(out)
+
+
+class _View(Kernel):
+    fresh = False
+
+    def __init__(self, spec: NodeSpec):
+        super().__init__(spec)
+        self.mem = spec.mem
+
+    def _reshape(self, x: np.ndarray, shape: Any) -> np.ndarray:
+        if x.flags.c_contiguous:
+            return x.reshape(shape)
+        c = np.ascontiguousarray(x)
+        if self.mem is not None:
+            self.mem.materialized(c.nbytes)
+        return c.reshape(shape)
+
+
+@register("", "Reshape")
+class Reshape(_View):
+    def __init__(self, spec: NodeSpec):
+        super().__init__(spec)
+        self.allowzero = spec.int("allowzero", 0)
+        c = spec.const(1)
+        self.static = None
+        if c is not None and (self.allowzero or not np.any(c == 0)):
+            self.static = tuple(int(d) for d in c)
+
+    def run(self, x, shape=None):
+        if self.static is not None:
+            return self._reshape(x, self.static)
+        return self._reshape(x, reshape_target(shape, x.shape, self.allowzero))
+
+
+def _axes(spec: NodeSpec, index: int) -> list[int] | None:
+    if spec.opset < 13 or (spec.op_type in ("Squeeze", "Unsqueeze") and spec.opset < 13):
+        return spec.ints("axes")
+    c = spec.const(index)
+    return None if c is None else [int(a) for a in np.ravel(c)]
+
+
+@register("", "Squeeze")
+class Squeeze(_View):
+    def __init__(self, spec: NodeSpec):
+        super().__init__(spec)
+        self.axes = _axes(spec, 1)
+        self.dynamic = spec.opset >= 13 and spec.has_input(1) and self.axes is None
+
+    def run(self, x, axes=None):
+        ax = self.axes
+        if self.dynamic:
+            ax = [int(a) for a in np.ravel(axes)]
+        if ax is None:
+            ax = [i for i, d in enumerate(x.shape) if d == 1]
+        ax = tuple(a % x.ndim for a in ax) if x.ndim else ()
+        for a in ax:
+            if x.shape[a] != 1:
+                raise self.error(f"cannot squeeze axis {a} of shape {x.shape}")
+        return np.squeeze(x, axis=ax) if ax else x.view()
+
+
+@register("", "Unsqueeze")
+class Unsqueeze(_View):
+    def __init__(self, spec: NodeSpec):
+        super().__init__(spec)
+        self.axes = _axes(spec, 1)
+
+    def run(self, x, axes=None):
+        ax = self.axes if self.axes is not None else [int(a) for a in np.ravel(axes)]
+        r = x.ndim + len(ax)
+        ax = sorted(a % r for a in ax)
+        shape = list(x.shape)
+        for a in ax:
+            shape.insert(a, 1)
+        return x.reshape(shape)
+
+
+@register("", "Flatten")
+class Flatten(_View):
+    def __init__(self, spec: NodeSpec):
+        super().__init__(spec)
+        self.axis = spec.int("axis", 1)
+
+    def run(self, x):
+        a = self.axis + x.ndim if self.axis < 0 else self.axis
+        outer = int(np.prod(x.shape[:a], dtype=np.int64))
+        inner = int(np.prod(x.shape[a:], dtype=np.int64))
+        return self._reshape(x, (outer, inner))
+
+
+@register("", "Identity")
+class Identity(_View):
+    def run(self, x):
+        return x
+
+
+@register("", "Slice")
+class Slice(_View):
+    def __init__(self, spec: NodeSpec):
+        super().__init__(spec)
+        self.legacy = spec.opset < 10
+        if self.legacy:
+            self.starts = spec.ints("starts")
+            self.ends = spec.ints("ends")
+            self.axes_attr = spec.ints("axes")
+
+    def run(self, x, starts=None, ends=None, axes=None, steps=None):
+        if self.legacy:
+            starts, ends, axes = self.starts, self.ends, self.axes_attr
+        starts = [int(s) for s in starts]
+        ends = [int(e) for e in ends]
+        axes = list(range(len(starts))) if axes is None else [int(a) % x.ndim for a in axes]
+        steps = [1] * len(starts) if steps is None else [int(s) for s in steps]
+        index = [slice(None)] * x.ndim
+        for s, e, a, st in zip(starts, ends, axes, steps):
+            if st == 0:
+                raise self.error("slice step 0")
+            n = x.shape[a]
+            if st > 0:
+                s = max(0, min(n, s + n if s < 0 else s))
+                e = max(0, min(n, e + n if e < 0 else e))
+            else:
+                s = max(-1, min(n - 1, s + n if s < 0 else s))
+                e = max(-1, min(n - 1, e + n if e < 0 else e))
+                if e < 0:
+                    e = None
+            index[a] = slice(s, e, st)
+        return x[tuple(index)]
+
+
+@register("", "Shape")
+class Shape(Kernel):
+    def __init__(self, spec: NodeSpec):
+        super().__init__(spec)
+        self.start = spec.attrs.get("start", 0)
+        self.end = spec.attrs.get("end")
+
+    def run(self, x):
+        r = x.ndim
+        s = self.start + r if self.start < 0 else self.start
+        e = r if self.end is None else (self.end + r if self.end < 0 else self.end)
+        s, e = max(0, min(r, s)), max(0, min(r, e))
+        return np.array(x.shape[s:e], dtype=np.int64)
+
+
+@register("", "Size")
+class Size(Kernel):
+    def run(self, x):
+        return np.array(x.size, dtype=np.int64)
+
+
+@register("", "Concat")
+class Concat(Kernel):
+    def __init__(self, spec: NodeSpec):
+        super().__init__(spec)
+        self.axis = spec.int("axis")
+
+    def run(self, *xs):
+        return np.concatenate(xs, axis=self.axis % xs[0].ndim if xs[0].ndim else 0)
+
+
+@register("", "Expand")
+class Expand(Kernel):
+    def run(self, x, shape):
+        target = np.broadcast_shapes(x.shape, tuple(int(d) for d in shape))
+        out = np.empty(target, dtype=x.dtype)
+        out[...] = x
+        return out
+
+
+@register("", "Transpose")
+class Transpose(Kernel):
+    def __init__(self, spec: NodeSpec):
+        super().__init__(spec)
+        self.perm = spec.ints("perm")
+
+    def run(self, x):
+        perm = self.perm if self.perm is not None else list(range(x.ndim))[::-1]
+        return np.ascontiguousarray(np.transpose(x, perm)) if x.ndim > 1 else np.array(x, copy=True)
+
+
+@register("", "Gather")
+class Gather(Kernel):
+    def __init__(self, spec: NodeSpec):
+        super().__init__(spec)
+        self.axis = spec.int("axis", 0)
+
+    def run(self, x, idx):
+        a = self.axis % x.ndim
+        idx = np.asarray(idx, dtype=np.int64)
+        n = x.shape[a]
+        if idx.size and (idx.min() < -n or idx.max() >= n):
+            raise self.error(f"Gather index out of range [{-n}, {n})")
+        return np.asarray(np.take(x, np.where(idx < 0, idx + n, idx), axis=a))
+
+
+@register("", "GatherElements")
+class GatherElements(Kernel):
+    def __init__(self, spec: NodeSpec):
+        super().__init__(spec)
+        self.axis = spec.int("axis", 0)
+
+    def run(self, x, idx):
+        a = self.axis % x.ndim
+        idx = np.where(idx < 0, idx + x.shape[a], idx)
+        return np.take_along_axis(x, idx.astype(np.int64), axis=a)
+
+
+@register("", "GatherND")
+class GatherND(Kernel):
+    def __init__(self, spec: NodeSpec):
+        super().__init__(spec)
+        self.b = spec.int("batch_dims", 0)
+
+    def run(self, x, idx):
+        b = self.b
+        idx = np.asarray(idx, dtype=np.int64)
+        k = idx.shape[-1]
+        bshape = x.shape[:b]
+        nb = int(np.prod(bshape, dtype=np.int64))
+        xr = x.reshape((nb,) + x.shape[b:])
+        ir = idx.reshape((nb, -1, k))
+        dims = np.array(x.shape[b:b + k], dtype=np.int64)
+        ir = np.where(ir < 0, ir + dims, ir)
+        outs = [xr[i][tuple(ir[i].T)] for i in range(nb)]
+        out = np.stack(outs) if outs else np.empty((0,) + ir.shape[1:2] + x.shape[b + k:], dtype=x.dtype)
+        return np.ascontiguousarray(out.reshape(idx.shape[:-1] + x.shape[b + k:]))
+
+
+@register("", "ScatterND")
+class ScatterND(Kernel):
+    def __init__(self, spec: NodeSpec):
+        super().__init__(spec)
+        self.reduction = spec.choice("reduction", "none", {"none", "add", "mul", "max", "min"})
+
+    def run(self, x, idx, upd):
+        out = np.array(x, copy=True)
+        k = idx.shape[-1]
+        flat_idx = idx.reshape(-1, k)
+        flat_upd = upd.reshape((flat_idx.shape[0],) + x.shape[k:])
+        for i in range(flat_idx.shape[0]):
+            t = tuple(int(v) for v in flat_idx[i])
+            if self.reduction == "none":
+                out[t] = flat_upd[i]
+            elif self.reduction == "add":
+                out[t] += flat_upd[i]
+            elif self.reduction == "mul":
+                out[t] *= flat_upd[i]
+            elif self.reduction == "max":
+                out[t] = np.maximum(out[t], flat_upd[i])
+            else:
+                out[t] = np.minimum(out[t], flat_upd[i])
+        return out
+
+
+@register("", "Range")
+class Range(Kernel):
+    def run(self, start, limit, delta):
+        s, l, d = start.item(), limit.item(), delta.item()
+        n = max(int(np.ceil((l - s) / d)), 0)
+        return (s + np.arange(n, dtype=np.float64 if start.dtype.kind == "f" else np.int64) * d).astype(start.dtype)
+
+
+@register("", "ConstantOfShape")
+class ConstantOfShape(Kernel):
+    def __init__(self, spec: NodeSpec):
+        super().__init__(spec)
+        v = spec.attrs.get("value")
+        self.value = np.zeros(1, dtype=np.float32) if v is None else np.asarray(v).reshape(-1)
+
+    def run(self, shape):
+        return np.full(tuple(int(d) for d in shape), self.value[0], dtype=self.value.dtype)
+
+
+@register("", "Constant")
+class Constant(Kernel):
+    def __init__(self, spec: NodeSpec):
+        super().__init__(spec)
+        a = spec.attrs
+        if "value" in a:
+            v = np.asarray(a["value"])
+        elif "value_float" in a:
+            v = np.array(a["value_float"], dtype=np.float32)
+        elif "value_floats" in a:
+            v = np.array(a["value_floats"], dtype=np.float32)
+        elif "value_int" in a:
+            v = np.array(a["value_int"], dtype=np.int64)
+        elif "value_ints" in a:
+            v = np.array(a["value_ints"], dtype=np.int64)
+        elif "value_string" in a:
+            v = np.array(a["value_string"], dtype=object)
+        elif "value_strings" in a:
+            v = np.array(a["value_strings"], dtype=object)
+        else:
+            raise spec.fail("Constant needs one of value, value_float(s), value_int(s), value_string(s)")
+        self.value = v
+
+    def run(self):
+        return np.array(self.value, copy=True)
+
+
+@register("", "Split")
+class Split(Kernel):
+    def __init__(self, spec: NodeSpec):
+        super().__init__(spec)
+        self.axis = spec.int("axis", 0)
+        self.n = spec.n_outputs
+        self.num_outputs = spec.attrs.get("num_outputs")
+        self.split_attr = spec.ints("split") if spec.opset < 13 else None
+
+    def run(self, x, split=None):
+        a = self.axis % x.ndim
+        n = x.shape[a]
+        if split is None:
+            split = self.split_attr
+        if split is None:
+            k = self.n
+            size = -(-n // k)
+            split = [min(size, n - i * size) for i in range(k)]
+        bounds = np.cumsum([0] + [int(s) for s in split])
+        idx = [slice(None)] * x.ndim
+        outs = []
+        for i in range(len(bounds) - 1):
+            idx[a] = slice(int(bounds[i]), int(bounds[i + 1]))
+            outs.append(np.ascontiguousarray(x[tuple(idx)]))
+        return tuple(outs)
+
+
+@register("", "Tile")
+class Tile(Kernel):
+    def run(self, x, reps):
+        return np.tile(x, tuple(int(r) for r in reps))
+
+
+@register("", "Trilu")
+class Trilu(Kernel):
+    def __init__(self, spec: NodeSpec):
+        super().__init__(spec)
+        self.upper = spec.int("upper", 1)
+
+    def run(self, x, k=None):
+        kk = 0 if k is None else int(k)
+        return np.triu(x, kk) if self.upper else np.tril(x, kk)
+
+
+@register("", "Pad")
+class Pad(Kernel):
+    def __init__(self, spec: NodeSpec):
+        super().__init__(spec)
+        self.mode = spec.choice("mode", "constant", {"constant", "reflect", "edge", "wrap"})
+        self.pads_attr = spec.ints("pads") if spec.opset < 11 else None
+        self.value_attr = spec.attrs.get("value", 0.0)
+
+    def run(self, x, pads=None, value=None, axes=None):
+        pads = self.pads_attr if pads is None else [int(p) for p in pads]
+        r = x.ndim
+        axes = list(range(r)) if axes is None else [int(a) % r for a in axes]
+        k = len(axes)
+        width = [(0, 0)] * r
+        for i, a in enumerate(axes):
+            width[a] = (pads[i], pads[i + k])
+        crop = [slice(None)] * r
+        width2 = []
+        for a, (lo, hi) in enumerate(width):
+            crop[a] = slice(-lo if lo < 0 else 0, x.shape[a] + hi if hi < 0 else None)
+            width2.append((max(lo, 0), max(hi, 0)))
+        x = x[tuple(crop)]
+        if self.mode == "constant":
+            v = self.value_attr if value is None or value.size == 0 else value.reshape(-1)[0]
+            return np.pad(x, width2, mode="constant", constant_values=v)
+        return np.pad(x, width2, mode=self.mode)
+
+
+@register("", "TensorScatter")
+class TensorScatter(Kernel):
+    """opset 24: write ``update`` into a copy of ``past_cache`` at ``write_indices`` per batch."""
+
+    def __init__(self, spec: NodeSpec):
+        super().__init__(spec)
+        self.axis = spec.int("axis", -2)
+        self.mode = spec.choice("mode", "linear", {"linear", "circular"})
+
+    def run(self, cache, update, write_indices=None):
+        out = np.array(cache, copy=True)
+        a = self.axis % cache.ndim
+        if a == 0:
+            raise self.error("TensorScatter axis must not be the batch axis")
+        n = update.shape[a]
+        cap = cache.shape[a]
+        for b in range(cache.shape[0]):
+            start = 0 if write_indices is None else int(write_indices[b])
+            pos = np.arange(start, start + n)
+            if self.mode == "circular":
+                pos %= cap
+            elif start + n > cap or start < 0:
+                raise self.error(f"write index {start} + {n} exceeds the capacity {cap}")
+            idx = [slice(None)] * (cache.ndim - 1)
+            idx[a - 1] = pos
+            row = out[b]
+            row[tuple(idx)] = update[b]
+        return out
+
+
+class Materialize:
+    """Copies a view before its storage is written in place (L13); counted as copied."""
+
+    fresh = False
+
+    def __init__(self, mem):
+        self.mem = mem
+
+    def run(self, view, storage):
+        if isinstance(view, np.ndarray) and np.may_share_memory(view, storage):
+            c = np.array(view, copy=True)
+            if self.mem is not None:
+                self.mem.materialized(c.nbytes)
+            return c
+        return view

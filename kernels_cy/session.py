@@ -1,0 +1,213 @@
+"""``InferenceSession``: compile a model once, run it many times on the CPU backend.
+
+    sess = InferenceSession(model)                  # IR Model, ModelProto, bytes or path
+    logits, *present = sess.run(None, feeds)        # like onnxruntime: a list
+    sess.last_run.allocated_bytes                   # exact per-run counters
+
+Feeds are checked before anything runs: a missing or unknown name, a wrong dtype or
+rank, or a concrete dimension that contradicts the model raises :class:`FeedError`
+naming the input. A READ_WRITE input is caller storage: the caller's array is bound
+as it is (writable, C-contiguous, the model's dtype, else FeedError before any
+write) and outputs that must alias it return that same buffer.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from onnxforge.graphbuilder.ir import READ_WRITE, Model, Value
+from onnxforge.kernels_cy.compile import compile_model
+from onnxforge.kernels_cy.errors import BackendError, FeedError
+from onnxforge.kernels_cy.plan import Counters
+from onnxforge.proto_ext.dtypes import np_dtype
+from onnxforge.proto_ext.errors import CodecError, OnnxforgeError
+from onnxforge.proto_ext.types import TensorType, type_name
+
+__all__ = ["InferenceSession", "NodeArg", "RunCounters", "backend_ops"]
+
+
+@dataclass(frozen=True, slots=True)
+class RunCounters:
+    """Counters of the last run: bytes of new buffers, payload bytes copied, peak bytes held."""
+
+    allocated_bytes: int = 0
+    copied_bytes: int = 0
+    peak_bytes: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class NodeArg:
+    """An input or output as onnxruntime describes it: ``tensor(float)``, dims or symbols."""
+
+    name: str
+    type: str
+    shape: list[int | str | None] | None
+
+
+def _type_string(t: Any) -> str:
+    if isinstance(t, TensorType):
+        return f"tensor({type_name(t.elem_type).lower()})"
+    return str(t) if t is not None else "unknown"
+
+
+def _load(model: Any) -> Model:
+    if isinstance(model, Model):
+        return model
+    from onnxforge.graphbuilder import serde
+
+    if isinstance(model, (str, os.PathLike, bytes, bytearray, memoryview)) or hasattr(model, "SerializeToString"):
+        return serde.load(model)
+    raise BackendError(f"InferenceSession needs an IR Model, a ModelProto, bytes or a path, "
+                       f"got {type(model).__name__}")
+
+
+@dataclass(slots=True)
+class _InputSpec:
+    name: str
+    dtype: np.dtype | None
+    shape: tuple | None
+    read_write: bool
+    default: np.ndarray | None
+
+
+def backend_ops() -> list[tuple[str, str]]:
+    """The ``(domain, op_type)`` pairs the CPU backend claims (``""``: the ONNX domain)."""
+    from onnxforge.kernels_cy.ops.base import claimed_ops
+
+    return claimed_ops()
+
+
+class InferenceSession:
+    """A model compiled into a flat plan for the CPU backend."""
+
+    def __init__(self, model: Any, threads: int | None = None, fallback: str | None = None):
+        if threads is not None and (not isinstance(threads, int) or threads < 1):
+            raise BackendError(f"threads must be None or a positive int, got {threads!r}")
+        self.model = _load(model)
+        self.threads = threads
+        self._mem = Counters()
+        effects = None
+        try:
+            from onnxforge.passes.effects import effect_analysis
+
+            effects = effect_analysis(self.model)
+        except (OnnxforgeError, ValueError):  # a model the analysis refuses: plan without it
+            effects = None
+        self._cg, _ = compile_model(self.model, mem=self._mem, fallback=fallback, effects=effects,
+                                    threads=threads or os.cpu_count() or 1)
+        self.fallback_nodes: list[str] = list(self._cg.fallback_nodes)
+        g = self.model.graph
+        self._specs = [self._input_spec(v) for v in g.inputs]
+        self._index = {s.name: i for i, s in enumerate(self._specs)}
+        self._outputs = [v.name for v in g.outputs]
+        self._out_index = {n: i for i, n in enumerate(self._outputs)}
+        self.last_run = RunCounters()
+        self._limiter = None
+        if threads is not None:
+            from threadpoolctl import ThreadpoolController
+
+            self._limiter = ThreadpoolController()
+
+    def _input_spec(self, v: Value) -> _InputSpec:
+        t = v.type
+        dtype = None
+        shape = None
+        if isinstance(t, TensorType):
+            try:
+                dtype = np_dtype(t.elem_type)
+            except CodecError:
+                dtype = np.dtype(object) if t.elem_type == 8 else None
+            shape = t.shape
+        default = None
+        if v.const is not None:
+            default = self._cg_const(v)
+        return _InputSpec(v.name, dtype, shape, v.access == READ_WRITE, default)
+
+    def _cg_const(self, v: Value) -> np.ndarray:
+        from onnxforge.kernels_cy.compile import Compiler
+
+        return Compiler(self.model, mem=self._mem).constant(v)
+
+    # -- introspection -------------------------------------------------------------
+    def get_inputs(self) -> list[NodeArg]:
+        return [NodeArg(v.name, _type_string(v.type), _shape(v.type)) for v in self.model.graph.inputs]
+
+    def get_outputs(self) -> list[NodeArg]:
+        return [NodeArg(v.name, _type_string(v.type), _shape(v.type)) for v in self.model.graph.outputs]
+
+    @property
+    def num_steps(self) -> int:
+        return self._cg.program.num_steps
+
+    # -- running -------------------------------------------------------------------
+    def _feeds(self, feeds: Mapping[str, Any]) -> list[Any]:
+        unknown = [k for k in feeds if k not in self._index]
+        if unknown:
+            raise FeedError(f"unknown feed(s) {unknown}; the model's inputs are {list(self._index)}")
+        out: list[Any] = []
+        missing = []
+        for s in self._specs:
+            if s.name not in feeds:
+                if s.default is None:
+                    missing.append(s.name)
+                out.append(s.default)
+                continue
+            out.append(self._check(s, feeds[s.name]))
+        if missing:
+            raise FeedError(f"missing feed(s) {missing}")
+        return out
+
+    def _check(self, s: _InputSpec, x: Any) -> np.ndarray:
+        if s.read_write:
+            if not isinstance(x, np.ndarray):
+                raise FeedError(f"input {s.name!r} is READ_WRITE storage: pass a numpy array, "
+                                f"got {type(x).__name__}")
+            if not x.flags.writeable:
+                raise FeedError(f"input {s.name!r} is READ_WRITE storage: the array is not writable")
+            if not x.flags.c_contiguous:
+                raise FeedError(f"input {s.name!r} is READ_WRITE storage: the array is not C-contiguous")
+        elif not isinstance(x, np.ndarray):
+            x = np.asarray(x)
+        if s.dtype is not None and x.dtype != s.dtype:
+            raise FeedError(f"input {s.name!r}: dtype {x.dtype} but the model declares {s.dtype}")
+        if s.shape is not None:
+            if x.ndim != len(s.shape):
+                raise FeedError(f"input {s.name!r}: rank {x.ndim} (shape {list(x.shape)}) but the model "
+                                f"declares rank {len(s.shape)} {list(s.shape)}")
+            for i, (d, n) in enumerate(zip(s.shape, x.shape)):
+                if isinstance(d, int) and d >= 0 and d != n:
+                    raise FeedError(f"input {s.name!r}: dimension {i} is {n} but the model declares {d} "
+                                    f"(shape {list(x.shape)} vs {list(s.shape)})")
+        return x
+
+    def run(self, output_names: Sequence[str] | None, feeds: Mapping[str, Any],
+            run_options: Any = None) -> list[Any]:
+        """Run the plan; returns the requested outputs (None: all) in order, as a list."""
+        if output_names is not None:
+            bad = [n for n in output_names if n not in self._out_index]
+            if bad:
+                raise FeedError(f"unknown output name(s) {bad}; the model's outputs are {self._outputs}")
+        args = self._feeds(feeds)
+        mem = self._mem
+        mem.reset()
+        try:
+            if self._limiter is not None:
+                with self._limiter.limit(limits=self.threads):
+                    outs = self._cg.program.run(args, mem)
+            else:
+                outs = self._cg.program.run(args, mem)
+        finally:
+            self.last_run = RunCounters(int(mem.allocated), int(mem.copied), int(mem.peak))
+        if output_names is None:
+            return list(outs)
+        return [outs[self._out_index[n]] for n in output_names]
+
+
+def _shape(t: Any) -> list[int | str | None] | None:
+    if isinstance(t, TensorType) and t.shape is not None:
+        return list(t.shape)
+    return None

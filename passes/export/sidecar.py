@@ -1,0 +1,276 @@
+"""Sidecar files of a model folder, and the onnxruntime-genai configuration.
+
+A model folder made by the onnxruntime-genai builder holds more than the model:
+``genai_config.json``, the tokenizer files, chat templates... onnxruntime-genai
+loads the folder, not the file. :func:`copy_sidecar_files` copies those files
+next to a rewritten model (``optimize`` or ``export`` output) so the new folder
+runs the same way::
+
+    src/model.onnx  src/model.onnx.data  src/genai_config.json  src/tokenizer.json ...
+        -> out/model.opt.onnx (written by the caller)
+           out/genai_config.json          decoder.filename = "model.opt.onnx"
+           out/genai_config.changes.json  [{"key": "model.decoder.filename", ...}]
+           out/tokenizer.json ...
+
+What is copied: every regular top-level file of the source folder except ONNX
+models and their external data, plus the ONNX models (and their data) that
+``genai_config.json`` names other than the decoder being replaced (the parts of
+a multi-model pipeline). The source model, its data and the files the caller
+lists in ``exclude`` are never copied.
+
+Every change made to ``genai_config.json`` is a :class:`ConfigChange` (key,
+before, after, reason), returned in :class:`SidecarResult` and written to
+``genai_config.changes.json`` next to the configuration. The rules: the
+decoder's ``filename`` names the new model; ``search.past_present_share_buffer``
+stays true only while the graph keeps an operator that shares the past and
+present buffers (``com.microsoft::GroupQueryAttention``): a standard lowering
+computes a present cache distinct from its past input. Input and output names
+the configuration lists that the model lacks are an
+:class:`~onnxforge.errors.ExportError`.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import onnx
+from google.protobuf.message import DecodeError
+from onnxforge.passes.export.opset import proto_graphs
+from onnxforge.proto_ext.errors import ExportError, OnnxforgeError
+
+__all__ = [
+    "CHANGES_FILE",
+    "GENAI_CONFIG",
+    "ConfigChange",
+    "SidecarError",
+    "SidecarResult",
+    "copy_sidecar_files",
+    "genai_config_changes",
+    "model_data_files",
+]
+
+GENAI_CONFIG = "genai_config.json"
+CHANGES_FILE = "genai_config.changes.json"
+_SHARING_OPS = {("com.microsoft", "GroupQueryAttention"), ("com.microsoft", "PagedAttention")}
+_OPTIONAL_INPUTS = ("position_ids", "attention_mask")  # GenAI feeds them only when present
+
+
+class SidecarError(OnnxforgeError, ValueError):
+    """Sidecar files cannot be copied as asked (e.g. into their own folder)."""
+
+
+@dataclass(frozen=True)
+class ConfigChange:
+    """One change made to ``genai_config.json``; ``before`` is None when the key was absent."""
+
+    key: str
+    before: Any
+    after: Any
+    reason: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"key": self.key, "before": self.before, "after": self.after, "reason": self.reason}
+
+    def __str__(self) -> str:
+        before = "(absent)" if self.before is None else json.dumps(self.before)
+        return f"{GENAI_CONFIG}: {self.key}: {before} -> {json.dumps(self.after)} ({self.reason})"
+
+
+@dataclass
+class SidecarResult:
+    """What :func:`copy_sidecar_files` wrote: ``copied`` maps each source file name to
+    its copy; ``genai_config`` / ``changes_file`` are the written configuration and
+    its change record (None without a configuration)."""
+
+    copied: dict[str, str] = field(default_factory=dict)
+    genai_config: str | None = None
+    changes_file: str | None = None
+    changes: list[ConfigChange] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"copied": dict(self.copied), "genai_config": self.genai_config,
+                "changes_file": self.changes_file,
+                "genai_config_changes": [c.to_json() for c in self.changes]}
+
+
+# --------------------------------------------------------------------------- model facts
+
+
+def _model_facts(model: Any) -> tuple[set[str], set[str], bool]:
+    """``(input names, output names, shares past/present buffers)`` of an IR model, a
+    ModelProto or a model file."""
+    from onnxforge.graphbuilder.ir import Model
+
+    if isinstance(model, Model):
+        g = model.graph
+        shares = any((n.domain, n.op_type) in _SHARING_OPS for sub in model.all_graphs() for n in sub)
+        return {v.name for v in g.inputs}, {v.name for v in g.outputs}, shares
+    if isinstance(model, (str, os.PathLike)):
+        model = onnx.load(os.fspath(model), load_external_data=False)
+    if not isinstance(model, onnx.ModelProto):
+        raise TypeError(f"expected an IR Model, a ModelProto or a path, got {type(model).__name__}")
+    shares = any((n.domain, n.op_type) in _SHARING_OPS for g, _ in proto_graphs(model.graph)
+                 for n in g.node)
+    return {i.name for i in model.graph.input}, {o.name for o in model.graph.output}, shares
+
+
+def _matches(pattern: str, name: str) -> bool:
+    head, _, tail = pattern.partition("%d")
+    if not (name.startswith(head) and name.endswith(tail)) or len(name) <= len(head) + len(tail):
+        return False
+    return name[len(head):len(name) - len(tail)].isdigit()
+
+
+def _check_names(decoder: dict[str, Any], inputs: set[str], outputs: set[str]) -> None:
+    problems: list[tuple[str, str]] = []
+    for section, names in (("inputs", inputs), ("outputs", outputs)):
+        for key, pattern in dict(decoder.get(section, {})).items():
+            if not isinstance(pattern, str):
+                continue
+            if "%d" in pattern:
+                if not any(_matches(pattern, n) for n in names):
+                    problems.append((f"genai_config.model.decoder.{section}.{key}",
+                                     f"{pattern!r} matches no {section[:-1]} of the model"))
+            elif pattern not in names and not (section == "inputs" and key in _OPTIONAL_INPUTS):
+                problems.append((f"genai_config.model.decoder.{section}.{key}",
+                                 f"{pattern!r} is not an {section[:-1]} of the model"))
+    if problems:
+        raise ExportError(problems)
+
+
+def genai_config_changes(config: dict[str, Any], model: Any,
+                         filename: str) -> tuple[dict[str, Any], list[ConfigChange]]:
+    """The configuration describing ``model`` (IR Model, ModelProto or path) written
+    as ``filename``, and the list of changes made to ``config`` (not modified)."""
+    out = json.loads(json.dumps(config))
+    changes: list[ConfigChange] = []
+    inputs, outputs, shares = _model_facts(model)
+    decoder = out.setdefault("model", {}).setdefault("decoder", {})
+    _check_names(decoder, inputs, outputs)
+    old_name = decoder.get("filename")
+    if old_name != filename:
+        decoder["filename"] = filename
+        changes.append(ConfigChange("model.decoder.filename", old_name, filename,
+                                    "the decoder is the rewritten model"))
+    search = out.setdefault("search", {})
+    old_share = search.get("past_present_share_buffer")
+    if not shares and old_share is not False:
+        search["past_present_share_buffer"] = False
+        changes.append(ConfigChange(
+            "search.past_present_share_buffer", old_share, False,
+            "the model has no operator that writes its present cache into the past buffer "
+            "(the standard lowering of GroupQueryAttention returns a new present tensor of "
+            "length past + new)"))
+    return out, changes
+
+
+# --------------------------------------------------------------------------- copying
+
+
+def model_data_files(path: str | os.PathLike[str]) -> set[str]:
+    """The external-data file names (relative to the model's folder) of a model file."""
+    try:
+        proto = onnx.load(os.fspath(path), load_external_data=False)
+    except (OSError, DecodeError):
+        return set()
+    out: set[str] = set()
+    for g, _ in proto_graphs(proto.graph):
+        for t in list(g.initializer) + [a.t for n in g.node for a in n.attribute if a.HasField("t")]:
+            for e in t.external_data:
+                if e.key == "location":
+                    out.add(os.path.normpath(e.value))
+    return out
+
+
+def _referenced_models(config: dict[str, Any], decoder_file: str | None) -> set[str]:
+    """ONNX files named by ``filename`` keys of the configuration's ``model`` section,
+    except the decoder being replaced."""
+    found: set[str] = set()
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            for k, v in node.items():
+                if k == "filename" and isinstance(v, str):
+                    found.add(os.path.normpath(v))
+                else:
+                    walk(v)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v)
+
+    walk(config.get("model", {}))
+    found.discard(os.path.normpath(decoder_file) if decoder_file else "")
+    return found
+
+
+def copy_sidecar_files(src_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str], *,
+                       model_filename: str, model: Any = None,
+                       source_model: str | None = None,
+                       exclude: Iterable[str] = ()) -> SidecarResult:
+    """Copy the sidecar files of ``src_dir`` into ``out_dir`` next to the rewritten model
+    ``out_dir/model_filename`` (which the caller has written).
+
+    Args:
+        model: the rewritten model (IR Model, ModelProto or path), whose inputs,
+            outputs and operators decide the configuration's changes; defaults to
+            ``out_dir/model_filename``.
+        source_model: the source model's file name in ``src_dir`` (default: the
+            configuration's decoder ``filename``); it and its external data are not
+            copied.
+        exclude: more file names not to copy (the files the caller wrote).
+
+    Returns:
+        A :class:`SidecarResult`; ``genai_config.json`` is rewritten (see the module
+        docstring) and its changes recorded in ``genai_config.changes.json``.
+
+    Raises:
+        SidecarError: ``out_dir`` is ``src_dir``.
+        ExportError: the configuration names inputs or outputs the model lacks.
+        OSError: a file cannot be read or written.
+    """
+    src, out = os.fspath(src_dir), os.fspath(out_dir)
+    if os.path.isdir(out) and os.path.samefile(src, out):
+        raise SidecarError(f"{out}: the output folder is the source folder; its sidecar files "
+                           f"(and {GENAI_CONFIG}, which names the source model) stay as they are")
+    result = SidecarResult()
+    config: dict[str, Any] | None = None
+    cfg_src = os.path.join(src, GENAI_CONFIG)
+    if os.path.isfile(cfg_src):
+        with open(cfg_src, encoding="utf-8") as fh:
+            config = json.load(fh)
+    if source_model is None and config is not None:
+        source_model = config.get("model", {}).get("decoder", {}).get("filename")
+    skip = {os.path.normpath(model_filename), GENAI_CONFIG, CHANGES_FILE}
+    skip |= {os.path.normpath(x) for x in exclude}
+    skip |= model_data_files(os.path.join(out, model_filename))
+    if source_model:
+        skip.add(os.path.normpath(source_model))
+        skip |= model_data_files(os.path.join(src, source_model))
+    wanted = _referenced_models(config, source_model) if config is not None else set()
+    wanted_data = set().union(*(model_data_files(os.path.join(src, f)) for f in wanted)) if wanted else set()
+    os.makedirs(out, exist_ok=True)
+    for name in sorted(os.listdir(src)):
+        path = os.path.join(src, name)
+        if not os.path.isfile(path) or name in skip:
+            continue
+        is_model_part = name.endswith((".onnx", ".onnx.data", ".onnx_data"))
+        if is_model_part and name not in wanted and name not in wanted_data:
+            continue
+        dst = os.path.join(out, name)
+        if os.path.abspath(dst) != os.path.abspath(path):
+            shutil.copyfile(path, dst)
+        result.copied[name] = dst
+    if config is not None:
+        target = model if model is not None else os.path.join(out, model_filename)
+        new_config, result.changes = genai_config_changes(config, target, model_filename)
+        result.genai_config = os.path.join(out, GENAI_CONFIG)
+        with open(result.genai_config, "w", encoding="utf-8") as fh:
+            json.dump(new_config, fh, indent=4)
+        result.changes_file = os.path.join(out, CHANGES_FILE)
+        with open(result.changes_file, "w", encoding="utf-8") as fh:
+            json.dump([c.to_json() for c in result.changes], fh, indent=2)
+    return result

@@ -1,0 +1,366 @@
+"""Fusions of constant affine maps into Conv, ConvTranspose and Gemm, as rewrite rules.
+
+:data:`FUSION_RULES` is a :class:`~onnxforge.passes.rewrite.RuleTable`; the
+``fusion`` pass applies it with the ``shapes`` analysis and turns the new
+weights into initializers. Every rule folds constants in float64 and casts the
+result back to the weights' type once (the fused model computes the same map;
+results differ from the unfused one by rounding only), and fires only when the
+fused node's output has no other reader and the old weights no other reader
+(so no payload is duplicated).
+
+* ``BatchNormalization(Conv(x, W, b), s, B, mean, var)`` (inference mode) ->
+  ``Conv(x, W * a, (b - mean) * a + B)`` with ``a = s / sqrt(var + eps)`` per
+  output channel; ConvTranspose alike (its output channels are
+  ``W.shape[1] * group``).
+* ``Mul(Conv(x, W, b), c)`` with ``c`` per-channel (scalar or ``[M, 1, ...]``) ->
+  ``Conv(x, W * c, b * c)``; ``Add(Conv(x, W, b), c)`` -> ``Conv(x, W, b + c)``.
+* ``Add(MatMul(A, B), C)`` with 2-D ``A``, constant 2-D ``B`` and ``C`` broadcastable
+  to ``[M, N]`` -> ``Gemm(A, B, C)``.
+
+Before / after::
+
+    y = Conv(x, W)                     y2 = Conv(x, W', b')
+    y2 = BatchNormalization(y, s, B, mean, var)
+    t = MatMul(a, K)   # a: [n, 4]     u = Gemm(a, K, c)
+    u = Add(t, c)      # c: [8]
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+
+from onnxforge.graphbuilder.ir import Attr, AttrType, Function, Graph, Model, Node, Value
+from onnxforge.graphbuilder.shapes import ShapesContext
+from onnxforge.graphbuilder.tensors import Tensor
+from onnxforge.passes.domains import DEFAULT_DOMAINS, imported_version, opsets_in_scope
+from onnxforge.passes.effects import Effects, effect_analysis
+from onnxforge.passes.fold import constant_value
+from onnxforge.passes.invariants import containers
+from onnxforge.passes.manager import Pass, PassResult, register_pass
+from onnxforge.passes.rename import NameScope, can_replace, replace_value
+from onnxforge.passes.rewrite import Const, Match, Pattern, Rule, RuleTable, apply_rules
+from onnxforge.proto_ext.types import TensorType
+
+__all__ = ["FUSION_RULES", "FusionPass", "SliceSplitPass", "fuse", "merge_complementary_slices"]
+
+_CONV_OPS = ("Conv", "ConvTranspose")
+
+
+def _float(a: np.ndarray) -> bool:
+    return a.dtype in (np.float16, np.float32, np.float64)
+
+
+def _single_use(v: Value) -> bool:
+    return v.num_uses() == 1 and not v.is_graph_output()
+
+
+def _conv_parts(m: Match) -> tuple[Node, np.ndarray, np.ndarray | None] | None:
+    """The matched conv node, its weights and bias, if they may be rewritten."""
+    conv = m.node("conv")
+    w = m.const("w")
+    b = m.consts.get("b")
+    if not _single_use(conv.outputs[0]) or not _float(w) or w.ndim < 3:
+        return None
+    if m["w"].num_uses() != 1 or ("b" in m.values and m["b"].num_uses() != 1):
+        return None
+    if b is not None and (b.dtype != w.dtype or b.ndim != 1):
+        return None
+    return conv, w, b
+
+
+def _out_channels(conv: Node, w: np.ndarray) -> int:
+    if conv.op_type == "Conv":
+        return w.shape[0]
+    return w.shape[1] * int(conv.attr("group", 1))
+
+
+def _scale_weights(conv: Node, w: np.ndarray, a: np.ndarray) -> np.ndarray:
+    """``W`` with output channel ``m`` multiplied by ``a[m]`` (float64)."""
+    w64 = w.astype(np.float64)
+    if conv.op_type == "Conv":
+        return w64 * a.reshape((-1,) + (1,) * (w.ndim - 1))
+    g = int(conv.attr("group", 1))
+    c, mg = w.shape[0], w.shape[1]
+    grouped = w64.reshape((g, c // g, mg) + w.shape[2:])
+    scaled = grouped * a.reshape((g, 1, mg) + (1,) * (w.ndim - 2))
+    return scaled.reshape(w.shape)
+
+
+def _rebuild(m: Match, conv: Node, w: np.ndarray, b: np.ndarray, dtype: np.dtype) -> Value:
+    attrs = dict(conv.attributes)
+    maker = getattr(m.op, conv.op_type)
+    return maker(m["x"], m.constant(w.astype(dtype)), m.constant(b.astype(dtype)), **attrs)
+
+
+def _fuse_batchnorm(m: Match) -> Value | None:
+    # y = s * (W*x + b - mean) / sqrt(var + eps) + B = (a*W)*x + ((b - mean)*a + B),
+    # a = s / sqrt(var + eps), per output channel.
+    bn = m.root
+    parts = _conv_parts(m)
+    if parts is None or len(bn.outputs) != 1:
+        return None
+    if int(bn.attr("training_mode", 0)) != 0 or int(bn.attr("spatial", 1)) != 1:
+        return None
+    conv, w, b = parts
+    ch = _out_channels(conv, w)
+    params = [m.const(k) for k in ("scale", "bias", "mean", "var")]
+    if any(p.shape != (ch,) or not _float(p) for p in params):
+        return None
+    s, beta, mean, var = (p.astype(np.float64) for p in params)
+    eps = float(bn.attr("epsilon", 1e-5))
+    a = s / np.sqrt(var + eps)
+    b64 = np.zeros(ch) if b is None else b.astype(np.float64)
+    return _rebuild(m, conv, _scale_weights(conv, w, a), (b64 - mean) * a + beta, w.dtype)
+
+
+def _per_channel(conv: Node, w: np.ndarray, c: np.ndarray) -> np.ndarray | None:
+    """``c`` as one value per output channel when ``Conv(...) op c`` broadcasts per channel
+    and keeps the conv output's shape; else None."""
+    if c.dtype != w.dtype or c.ndim > w.ndim:
+        return None
+    ch = _out_channels(conv, w)
+    full: np.ndarray = c.reshape((1,) * (w.ndim - c.ndim) + c.shape)
+    if any(d != 1 for k, d in enumerate(full.shape) if k != 1) or full.shape[1] not in (1, ch):
+        return None
+    return np.broadcast_to(full.reshape(-1).astype(np.float64), (ch,))
+
+
+def _fuse_mul(m: Match) -> Value | None:
+    # (W*x + b) * c = (c*W)*x + c*b, c per output channel
+    parts = _conv_parts(m)
+    if parts is None:
+        return None
+    conv, w, b = parts
+    c = _per_channel(conv, w, m.const("c"))
+    if c is None:
+        return None
+    ch = c.shape[0]
+    b64 = np.zeros(ch) if b is None else b.astype(np.float64)
+    return _rebuild(m, conv, _scale_weights(conv, w, c), b64 * c, w.dtype)
+
+
+def _fuse_add(m: Match) -> Value | None:
+    # (W*x + b) + c = W*x + (b + c), c per output channel
+    parts = _conv_parts(m)
+    if parts is None:
+        return None
+    conv, w, b = parts
+    c = _per_channel(conv, w, m.const("c"))
+    if c is None:
+        return None
+    b64 = np.zeros(c.shape[0]) if b is None else b.astype(np.float64)
+    return _rebuild(m, conv, w.astype(np.float64), b64 + c, w.dtype)
+
+
+def _matmul_add_to_gemm(m: Match) -> Value | None:
+    # MatMul(A, B) + C = Gemm(A, B, C) for A: [M, K], B: [K, N], C broadcastable to [M, N]
+    mm = m.node("mm")
+    if not _single_use(mm.outputs[0]):
+        return None
+    a_shape = m.shape_of(m["a"])
+    bmat, c = m.const("b"), m.const("c")
+    if a_shape is None or len(a_shape) != 2 or bmat.ndim != 2 or not _float(bmat):
+        return None
+    if c.dtype != bmat.dtype or c.ndim > 2:
+        return None
+    k = a_shape[1]
+    if type(k) is int and k != bmat.shape[0]:
+        return None
+    n = bmat.shape[1]
+    full: np.ndarray = c.reshape((1,) * (2 - c.ndim) + c.shape)
+    rows = a_shape[0]
+    if full.shape[1] not in (1, n) or (full.shape[0] != 1 and not (type(rows) is int and rows == full.shape[0])):
+        return None
+    t = m.type_of(m["a"])
+    if t is None or getattr(t, "elem_type", None) is None:
+        return None
+    return m.op.Gemm(m["a"], m["b"], m["c"])
+
+
+def _conv(op: str, with_bias: bool) -> Pattern:
+    ins: list[object] = ["x", Const("w")]
+    if with_bias:
+        ins.append(Const("b"))
+    return Pattern(op, *ins, name="conv")
+
+
+def _conv_rules() -> Iterable[Rule]:
+    bn_params = [Const(k) for k in ("scale", "bias", "mean", "var")]
+    for op in _CONV_OPS:
+        for bias in (False, True):
+            tag = f"{op.lower()}{'_bias' if bias else ''}"
+            yield Rule(Pattern("BatchNormalization", _conv(op, bias), *bn_params), _fuse_batchnorm,
+                       f"{tag}_batchnorm")
+            yield Rule(Pattern("Mul", _conv(op, bias), Const("c")), _fuse_mul, f"{tag}_mul")
+            yield Rule(Pattern("Mul", Const("c"), _conv(op, bias)), _fuse_mul, f"{tag}_mul_r")
+            yield Rule(Pattern("Add", _conv(op, bias), Const("c")), _fuse_add, f"{tag}_add")
+            yield Rule(Pattern("Add", Const("c"), _conv(op, bias)), _fuse_add, f"{tag}_add_r")
+
+
+def _gemm_rules() -> Iterable[Rule]:
+    mm = Pattern("MatMul", "a", Const("b"), name="mm")
+    yield Rule(Pattern("Add", mm, Const("c")), _matmul_add_to_gemm, "matmul_add_gemm")
+    yield Rule(Pattern("Add", Const("c"), mm), _matmul_add_to_gemm, "add_matmul_gemm")
+
+
+FUSION_RULES: RuleTable = RuleTable([*_conv_rules(), *_gemm_rules()])
+"""Conv/ConvTranspose + BatchNormalization / per-channel Mul / Add, and MatMul + Add -> Gemm."""
+
+
+def fuse(model: Model, shapes: ShapesContext | None = None) -> int:
+    """Apply :data:`FUSION_RULES` to a fixed point; new weights become initializers.
+    Returns the number of fusions."""
+    return apply_rules(model, FUSION_RULES, shapes=shapes, lift=True)
+
+
+@register_pass
+class FusionPass(Pass):
+    """Fuse constant affine maps into Conv / ConvTranspose / Gemm (see the module docstring).
+
+    Before / after: ``BatchNormalization(Conv(x, W), s, B, mean, var)`` becomes
+    ``Conv(x, W', b')``; ``Add(MatMul(a, K), c)`` with 2-D ``a`` becomes ``Gemm(a, K, c)``.
+    """
+
+    name = "fusion"
+    runs_after = ("inline", "constant_folding")
+
+    def call(self, model: Model) -> PassResult:
+        shapes = self.analyses.get("shapes").scratch() if self.analyses is not None else None
+        return PassResult(model, fuse(model, shapes) > 0)
+
+
+
+# ----------------------------------------------------------------------------- slices -> Split
+
+
+def _slice_range(n: Node, dims: tuple[object, ...]) -> tuple[int, int, int] | None:
+    """``(axis, start, end)`` of a one-axis, unit-step Slice with constant bounds, clamped
+    to the (static) dimension; None otherwise."""
+    ins = list(n.inputs) + [None] * (5 - len(n.inputs))
+    if len(n.inputs) < 3 or any(v is not None and constant_value(v) is None for v in ins[1:5]):
+        return None
+    st, en, ax, sp = (constant_value(v) if v is not None else None for v in ins[1:5])
+    if st is None or en is None or st.size != 1 or en.size != 1:
+        return None
+    if sp is not None and (sp.size != 1 or int(sp.reshape(-1)[0]) != 1):
+        return None
+    a = 0 if ax is None else int(ax.reshape(-1)[0]) if ax.size == 1 else None
+    if a is None or not -len(dims) <= a < len(dims):
+        return None
+    a = a + len(dims) if a < 0 else a
+    d = dims[a]
+    if type(d) is not int:
+        return None
+    s, e = int(st.reshape(-1)[0]), int(en.reshape(-1)[0])
+    s = min(max(s + d if s < 0 else s, 0), d)
+    e = min(max(e + d if e < 0 else e, 0), d)
+    return a, s, e
+
+
+class _SliceMerger:
+    def __init__(self, model: Model, ctx: ShapesContext, effects: Effects):
+        self.model = model
+        self.ctx = ctx
+        self.effects = effects
+        self._names: NameScope | None = None
+        self.merged = 0
+
+    def names(self) -> NameScope:
+        if self._names is None:
+            self._names = NameScope.from_model(self.model)
+        return self._names
+
+    def run(self, c: Graph | Function) -> None:
+        opset = imported_version(opsets_in_scope(self.model, c), "") or 1
+        if opset < 10:
+            return
+        seen: set[int] = set()
+        for n in list(c):
+            if n.graph is not c or n.op_type != "Slice" or n.domain not in DEFAULT_DOMAINS:
+                continue
+            t = n.inputs[0]
+            if t is None or id(t) in seen:
+                continue
+            seen.add(id(t))
+            self.try_merge(c, t, opset)
+
+    def try_merge(self, c: Graph | Function, t: Value, opset: int) -> None:
+        dims = self.ctx.shape_of(t)
+        if dims is None:
+            return
+        slices = [u for u, i in t.uses() if i == 0 and u.op_type == "Slice" and u.graph is c
+                  and u.domain in DEFAULT_DOMAINS and not self.effects.has_side_effects(u)]
+        if len(slices) < 2 or len({id(u) for u in slices}) != len(slices):
+            return
+        ranges = [_slice_range(u, tuple(dims)) for u in slices]
+        if any(r is None for r in ranges) or len({r[0] for r in ranges}) != 1:
+            return
+        axis = ranges[0][0]
+        order = sorted(zip(ranges, slices), key=lambda p: p[0][1])
+        pos = 0
+        for (_a, s, e), _u in order:
+            if s != pos or e <= s:
+                return
+            pos = e
+        if pos != dims[axis]:
+            return
+        sizes = [e - s for (_a, s, e), _u in order]
+        first = next(x for x in c if any(x is u for u in slices))
+        base = self.names().fresh(f"{t.name or 'v'}_split")
+        outs = [Value(self.names().fresh(f"{base}_{k}"), u.outputs[0].type) for k, (_r, u) in enumerate(order)]
+        ins: list[Value | None] = [t]
+        attrs = [Attr("axis", AttrType.INT, axis)]
+        if opset >= 13:
+            tensor = Tensor.from_numpy(np.array(sizes, np.int64))
+            sv = Value(self.names().fresh(f"{base}_sizes"), TensorType(tensor.dtype, tensor.dims))
+            if isinstance(c, Graph):
+                c.add_initializer(sv, tensor)
+            else:
+                c.insert_before(first, Node("", "Constant", [], [sv], name=sv.name,
+                                            attributes=[Attr("value", AttrType.TENSOR, tensor)]))
+            ins.append(sv)
+        else:
+            attrs.append(Attr("split", AttrType.INTS, sizes))
+        split = Node("", "Split", ins, outs, name=base, attributes=attrs)
+        c.insert_before(first, split)
+        if not all(can_replace(u.outputs[0], o) for (_r, u), o in zip(order, outs)):
+            c.remove(split, safe=False)
+            if opset >= 13 and isinstance(c, Graph):
+                c.remove_initializer(ins[1])
+            elif opset >= 13:
+                c.remove(ins[1].producer(), safe=False)
+            return
+        for (_r, u), o in zip(order, outs):
+            replace_value(u.outputs[0], o)
+            c.remove(u, safe=False)
+        self.merged += 1
+
+
+def merge_complementary_slices(model: Model, ctx: ShapesContext | None = None) -> int:
+    """Replace unit-step Slices of one value along one static axis that cover it exactly,
+    in pieces, by one ``Split``; returns how many Splits were made."""
+    if ctx is None:
+        ctx = ShapesContext(model, write_back=False, strict=False).infer_graph()
+    merger = _SliceMerger(model, ctx, effect_analysis(model))
+    for c in list(containers(model)):
+        merger.run(c)
+    return merger.merged
+
+
+@register_pass
+class SliceSplitPass(Pass):
+    """Complementary Slices -> Split.
+
+    Before / after (``t: [b, 4, s, 32]``)::
+
+        lo = Slice(t, [0], [16], [3])         lo, hi = Split(t, [16, 16], axis=3)
+        hi = Slice(t, [16], [INT64_MAX], [3])
+    """
+
+    name = "slice_split"
+    runs_after = ("inline", "constant_folding")
+
+    def call(self, model: Model) -> PassResult:
+        ctx = self.analyses.get("shapes").scratch() if self.analyses is not None else None
+        return PassResult(model, merge_complementary_slices(model, ctx) > 0)

@@ -1,0 +1,274 @@
+"""Static shape folding: shape computations whose result is known become constants.
+
+The ``shapes`` analysis (:class:`~onnxforge.graphbuilder.shapes.ShapesContext`)
+knows the (possibly symbolic) type of every value and the content of small
+integer tensors. This pass replaces by an initializer (a ``Constant`` node in
+a function body) every output of a shape computation whose content it knows
+exactly: ``Shape`` and ``Size`` of values with static dimensions,
+``Gather(Shape(x), i)`` of a static dimension, and whatever arithmetic on
+them (Concat, Slice, Unsqueeze, Cast...) the analysis resolves to numbers
+even when some of its inputs stay symbolic. Leftover arithmetic on the new
+constants is left to ``constant_folding``.
+
+``Slice(Shape(x), s, e)`` with a unit step along axis 0 that stays symbolic
+becomes ``Shape(x, start=s, end=e)`` at opset >= 15 (both clamp the same way:
+``shape[s:e]`` in Python slice semantics).
+
+Only integer and boolean results are folded (the analysis computes them
+exactly); nodes with side effects, random operators, nodes owning subgraphs
+and graph outputs are left alone; values are forwarded with
+:func:`~onnxforge.passes.rename.replace_value` (rule L13).
+
+Before / after (``x: FLOAT[2, n, 8]``)::
+
+    s = Shape(x)                          init d = [2]     (int64)
+    d = Gather(s, [0])                    t = Shape(x, start=1)
+    t = Slice(s, [1], [INT64_MAX])        y = Reshape(x, Concat(d, [-1]))
+    y = Reshape(x, Concat(d, [-1]))
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+from onnx import TensorProto
+
+from onnxforge.graphbuilder.ir import Attr, AttrType, Function, Graph, Model, Node, Value
+from onnxforge.graphbuilder.shapes import ShapesContext
+from onnxforge.graphbuilder.tensors import Tensor
+from onnxforge.passes.domains import DEFAULT_DOMAINS, imported_version, opsets_in_scope
+from onnxforge.passes.effects import Effects, effect_analysis
+from onnxforge.passes.fold import constant_value
+from onnxforge.passes.invariants import containers, is_nondeterministic
+from onnxforge.passes.manager import Pass, PassResult, check_int_option, register_pass
+from onnxforge.passes.rename import NameScope, can_replace, erase_node, replace_value
+from onnxforge.proto_ext.types import TensorType
+
+__all__ = ["ShapeFoldPass", "fold_shapes"]
+
+Container = Graph | Function
+
+_INTEGER_TYPES = frozenset({
+    TensorProto.INT64, TensorProto.INT32, TensorProto.INT16, TensorProto.INT8,
+    TensorProto.UINT64, TensorProto.UINT32, TensorProto.UINT16, TensorProto.UINT8,
+    TensorProto.BOOL,
+})
+# Operators whose integer results the analysis tracks; every other operator is left
+# to constant folding (which evaluates it when its inputs are constants).
+_SHAPE_OPS = frozenset({
+    "Shape", "Size", "Gather", "GatherElements", "Slice", "Concat", "Unsqueeze", "Squeeze",
+    "Reshape", "Flatten", "Cast", "CastLike", "Identity", "Add", "Sub", "Mul", "Div", "Mod",
+    "Neg", "Abs", "Max", "Min", "Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual",
+    "Not", "And", "Or", "Xor", "Where", "ReduceProd", "ReduceSum", "ReduceMax", "ReduceMin",
+    "Range", "ConstantOfShape", "Expand", "Tile", "Transpose", "Split", "Sign", "Clip",
+})
+_INT64_MAX = (1 << 63) - 1
+
+
+def _static_shape(ctx: ShapesContext, v: Value | None) -> tuple[int, ...] | None:
+    shape = ctx.shape_of(v)
+    if shape is None or not all(type(d) is int and d >= 0 for d in shape):
+        return None
+    return tuple(shape)  # type: ignore[arg-type]  # every dimension was checked to be an int
+
+
+def _shape_range(node: Node, rank: int) -> tuple[int, int]:
+    """The ``[start, end)`` a Shape node reads, clamped to ``[0, rank]`` (opset 15)."""
+    start = int(node.attr("start", 0))
+    end = node.attr("end")
+    end = rank if end is None else int(end)
+    start = min(max(start + rank if start < 0 else start, 0), rank)
+    end = min(max(end + rank if end < 0 else end, 0), rank)
+    return start, end
+
+
+def _shape_dims(ctx: ShapesContext, node: Node) -> list[object] | None:
+    """The dims a Shape node returns (ints or symbols), or None for an unknown rank."""
+    shape = ctx.shape_of(node.inputs[0]) if node.inputs else None
+    if shape is None:
+        return None
+    start, end = _shape_range(node, len(shape))
+    return list(shape[start:end])
+
+
+def _known_by_rule(ctx: ShapesContext, node: Node) -> list[np.ndarray] | None:
+    """Results read directly from the input types, for the operators whose inference
+    rule may not track contents."""
+    op = node.op_type
+    if op == "Shape":
+        dims = _shape_dims(ctx, node)
+        if dims is not None and all(type(d) is int and d >= 0 for d in dims):
+            return [np.array(dims, dtype=np.int64)]
+    elif op == "Size":
+        shape = _static_shape(ctx, node.inputs[0])
+        if shape is not None:
+            return [np.array(math.prod(shape), dtype=np.int64)]
+    elif op == "Gather" and len(node.inputs) == 2:
+        src = node.inputs[0].producer() if node.inputs[0] is not None else None
+        idx = constant_value(node.inputs[1])
+        if (src is None or src.op_type != "Shape" or src.domain not in DEFAULT_DOMAINS
+                or idx is None or idx.dtype.kind not in "iu" or int(node.attr("axis", 0)) not in (0, -1)):
+            return None
+        dims = _shape_dims(ctx, src)
+        if dims is None:
+            return None
+        r = len(dims)
+        flat = [int(i) + r if int(i) < 0 else int(i) for i in idx.reshape(-1)]
+        if not all(0 <= i < r for i in flat):
+            return None
+        got = [dims[i] for i in flat]
+        if all(type(d) is int and d >= 0 for d in got):
+            return [np.array(got, dtype=np.int64).reshape(idx.shape)]
+    return None
+
+
+def _known(ctx: ShapesContext, node: Node) -> list[np.ndarray] | None:
+    """Every output's exact content, or None."""
+    out: list[np.ndarray] = []
+    for o in node.outputs:
+        t = ctx.type_of(o)
+        if not isinstance(t, TensorType) or t.elem_type not in _INTEGER_TYPES:
+            return None
+        st = ctx.value_of(o)
+        if st is None or not st.is_concrete() or st.elem_type != t.elem_type:
+            out = []
+            break
+        out.append(np.ascontiguousarray(st.to_numpy()))
+    if len(out) == len(node.outputs):
+        return out
+    return _known_by_rule(ctx, node)
+
+
+class _ShapeFolder:
+    def __init__(self, model: Model, ctx: ShapesContext, effects: Effects, max_elements: int):
+        self.model = model
+        self.ctx = ctx
+        self.effects = effects
+        self.max_elements = max_elements
+        self.names: Callable[[], NameScope] = self._scope
+        self._names: NameScope | None = None
+        self.changed = 0
+
+    def _scope(self) -> NameScope:
+        if self._names is None:
+            self._names = NameScope.from_model(self.model)
+        return self._names
+
+    def run(self, c: Container) -> None:
+        opsets = opsets_in_scope(self.model, c)
+        opset = imported_version(opsets, "") or 1
+        for n in list(c):
+            if n.graph is not c:
+                continue
+            if n.attributes and any(a.type in (AttrType.GRAPH, AttrType.GRAPHS)
+                                    for a in n.attributes.values()):
+                for sg in n.subgraphs():
+                    self.run(sg)
+                continue
+            if (n.domain not in DEFAULT_DOMAINS or n.op_type not in _SHAPE_OPS or not n.outputs
+                    or is_nondeterministic(n) or self.effects.has_side_effects(n)
+                    or any(a.ref_attr_name for a in n.attributes.values())):
+                continue
+            known = _known(self.ctx, n)
+            if known is not None and all(a.size <= self.max_elements for a in known):
+                self.fold(c, n, known)
+            elif n.op_type == "Slice" and opset >= 15:
+                self.slice_of_shape(c, n)
+
+    def _constant(self, c: Container, anchor: Node, array: np.ndarray, like: Value) -> Value:
+        name = self.names().fresh(like.name or f"{anchor.op_type}_folded")
+        t = Tensor.from_numpy(array)
+        new = Value(name, TensorType(t.dtype, t.dims))
+        if isinstance(c, Graph):
+            c.add_initializer(new, t)
+        else:
+            c.insert_before(anchor, Node("", "Constant", [], [new], name=name,
+                                         attributes=[Attr("value", AttrType.TENSOR, t)]))
+        return new
+
+    def fold(self, c: Container, n: Node, known: list[np.ndarray]) -> None:
+        if any(c.is_output(o) for o in n.outputs):
+            return  # an initializer cannot take over a graph output
+        done = False
+        for o, arr in zip(n.outputs, known):
+            if not o.num_uses():
+                continue
+            new = self._constant(c, n, arr, o)
+            if can_replace(o, new) and replace_value(o, new):
+                done = True
+            elif isinstance(c, Graph):
+                c.remove_initializer(new)
+        if not any(o.num_uses() for o in n.outputs):
+            erase_node(n)
+            done = True
+        if done:
+            self.changed += 1
+
+    def slice_of_shape(self, c: Container, n: Node) -> None:
+        """``Slice(Shape(x), [s], [e], [0], [1])`` -> ``Shape(x, start=s, end=e)``."""
+        ins = list(n.inputs) + [None] * (5 - len(n.inputs))
+        data, starts, ends, axes, steps = ins[:5]
+        src = data.producer() if data is not None else None
+        if (src is None or src.op_type != "Shape" or src.domain not in DEFAULT_DOMAINS
+                or src.graph is not c or self.effects.has_side_effects(src)
+                or src.attr("start") not in (None, 0) or src.attr("end") is not None):
+            return
+        arrays = [constant_value(v) if v is not None else None for v in (starts, ends, axes, steps)]
+        if arrays[0] is None or arrays[1] is None or arrays[0].size != 1 or arrays[1].size != 1:
+            return
+        if axes is not None and (arrays[2] is None or int(arrays[2].reshape(-1)[0]) not in (0, -1)):
+            return
+        if steps is not None and (arrays[3] is None or int(arrays[3].reshape(-1)[0]) != 1):
+            return
+        out = n.outputs[0]
+        if c.is_output(out):
+            return
+        s = int(arrays[0].reshape(-1)[0])
+        e = min(max(int(arrays[1].reshape(-1)[0]), -_INT64_MAX), _INT64_MAX)
+        attrs = [Attr("start", AttrType.INT, s)]
+        if e < _INT64_MAX:
+            attrs.append(Attr("end", AttrType.INT, e))
+        name = self.names().fresh(out.name or "shape")
+        new = Node("", "Shape", [src.inputs[0]], [Value(name, out.type)],
+                   name=self.names().fresh(n.name or "Shape"), attributes=attrs)
+        c.insert_before(n, new)
+        if can_replace(out, new.outputs[0]) and replace_value(out, new.outputs[0]):
+            erase_node(n)
+            self.changed += 1
+        else:
+            erase_node(new)
+
+
+def fold_shapes(model: Model, ctx: ShapesContext | None = None, *, max_elements: int = 1 << 16) -> int:
+    """Fold the shape computations ``ctx`` (default: a fresh inference) knows exactly;
+    returns how many nodes were folded or rewritten."""
+    if ctx is None:
+        ctx = ShapesContext(model, write_back=False, strict=False).infer_graph()
+    folder = _ShapeFolder(model, ctx, effect_analysis(model), max_elements)
+    for c in list(containers(model)):
+        if isinstance(c, Function) or c is model.graph:
+            folder.run(c)
+    return folder.changed
+
+
+@register_pass
+class ShapeFoldPass(Pass):
+    """Replace shape computations with known results by constants (see the module docstring).
+
+    Reads the ``shapes`` analysis; ``max_elements`` (default 65536) bounds each folded
+    result.
+    """
+
+    name = "shape_folding"
+    runs_after = ("inline", "topological_sort")
+    runs_before = ("dce",)
+
+    def __init__(self, *, max_elements: int = 1 << 16):
+        check_int_option(self.name, "max_elements", max_elements, 0)
+        self.max_elements = max_elements
+
+    def call(self, model: Model) -> PassResult:
+        # a scratch copy: reading seeds types, which must not change the cached result
+        ctx = self.analyses.get("shapes").scratch() if self.analyses is not None else None
+        return PassResult(model, fold_shapes(model, ctx, max_elements=self.max_elements) > 0)

@@ -1,0 +1,157 @@
+"""Contrib operators against onnxruntime on random inputs (one-node models), the
+GroupQueryAttention shared-buffer mode, and shape fuzzing against float64 numpy."""
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper
+
+from onnxforge.graphbuilder import serde
+from onnxforge.graphbuilder.ir import Alias
+from onnxforge.kernels_cy.session import InferenceSession
+from tests.kernels_cy.helpers import F, onnx_model, tensor
+
+MS = {"com.microsoft": 1}
+I32 = TensorProto.INT32
+
+
+def _both(model, feeds, atol):
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    got = InferenceSession(model).run(None, feeds)
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert g.shape == w.shape
+        np.testing.assert_allclose(g, w, atol=atol, rtol=0)
+    return got
+
+
+def _gqa_model(nq, nkv, h, rotary, softcap=0.0, n_cos=32):
+    node = helper.make_node(
+        "GroupQueryAttention", ["q", "k", "v", "pk", "pv", "seqlens_k", "total", "cos", "sin"],
+        ["y", "present_k", "present_v"], domain="com.microsoft", num_heads=nq, kv_num_heads=nkv,
+        do_rotary=rotary, softcap=softcap)
+    ins = [tensor("q", F, ["b", "s", nq * h]), tensor("k", F, ["b", "s", nkv * h]),
+           tensor("v", F, ["b", "s", nkv * h]), tensor("pk", F, ["b", nkv, "p", h]),
+           tensor("pv", F, ["b", nkv, "p", h]), tensor("seqlens_k", I32, ["b"]), tensor("total", I32, []),
+           tensor("cos", F, [n_cos, h // 2]), tensor("sin", F, [n_cos, h // 2])]
+    outs = [tensor("y", F, None), tensor("present_k", F, None), tensor("present_v", F, None)]
+    return onnx_model([node], ins, outs, opset=21, domains=MS)
+
+
+def _gqa_feeds(rng, b, s, p, nq, nkv, h, n_cos=32):
+    ang = rng.random((n_cos, h // 2)).astype(np.float32) * 3
+    return {"q": rng.standard_normal((b, s, nq * h), dtype=np.float32),
+            "k": rng.standard_normal((b, s, nkv * h), dtype=np.float32),
+            "v": rng.standard_normal((b, s, nkv * h), dtype=np.float32),
+            "pk": rng.standard_normal((b, nkv, p, h), dtype=np.float32),
+            "pv": rng.standard_normal((b, nkv, p, h), dtype=np.float32),
+            "seqlens_k": np.full(b, p + s - 1, np.int32), "total": np.array(p + s, np.int32),
+            "cos": np.cos(ang), "sin": np.sin(ang)}
+
+
+@pytest.mark.parametrize("b, s, p", [(1, 5, 0), (2, 1, 3), (1, 3, 4), (3, 1, 0)])
+@pytest.mark.parametrize("rotary", [0, 1])
+@pytest.mark.parametrize("nq, nkv, h", [(4, 2, 16), (6, 3, 16), (2, 2, 32)])  # onnxruntime: h % 16 == 0
+def test_group_query_attention_matches_onnxruntime(b, s, p, rotary, nq, nkv, h):
+    rng = np.random.default_rng(b * 100 + s * 10 + p + rotary)
+    _both(_gqa_model(nq, nkv, h, rotary), _gqa_feeds(rng, b, s, p, nq, nkv, h), atol=1e-5)
+
+
+def test_group_query_attention_softcap_matches_onnxruntime():
+    rng = np.random.default_rng(5)
+    _both(_gqa_model(4, 2, 16, 1, softcap=2.0), _gqa_feeds(rng, 2, 1, 3, 4, 2, 16), atol=1e-5)
+
+
+def test_group_query_attention_shared_buffer_writes_in_place():
+    rng = np.random.default_rng(9)
+    nq, nkv, h, cap = 4, 2, 16, 12
+    plain = _gqa_model(nq, nkv, h, 1)
+    shared = serde.from_proto(plain)
+    node = next(iter(shared.graph))
+    node.output_alias = [Alias(1, 3), Alias(2, 4)]
+    feeds = _gqa_feeds(rng, 1, 2, 3, nq, nkv, h)
+    want = InferenceSession(plain).run(None, feeds)
+    buf_k = np.zeros((1, nkv, cap, h), np.float32)
+    buf_v = np.zeros((1, nkv, cap, h), np.float32)
+    buf_k[:, :, :3], buf_v[:, :, :3] = feeds["pk"], feeds["pv"]
+    y, pk, pv = InferenceSession(shared).run(None, feeds | {"pk": buf_k, "pv": buf_v})
+    assert pk is buf_k and pv is buf_v
+    np.testing.assert_allclose(y, want[0], atol=1e-6)
+    np.testing.assert_allclose(buf_k[:, :, :5], want[1], atol=1e-6)
+    assert not buf_k[:, :, 5:].any()
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 16), (1, 1, 8), (4, 32)])
+def test_skip_and_simplified_layer_norm_match_onnxruntime(shape):
+    rng = np.random.default_rng(len(shape))
+    h = shape[-1]
+    nodes = [helper.make_node("SkipSimplifiedLayerNormalization", ["x", "skip", "g"], ["y", "", "", "sum"],
+                              domain="com.microsoft", epsilon=1e-6),
+             helper.make_node("SimplifiedLayerNormalization", ["sum", "g"], ["z"], epsilon=1e-5, axis=-1)]
+    m = onnx_model(nodes, [tensor("x", F, list(shape)), tensor("skip", F, list(shape)), tensor("g", F, [h])],
+                   [tensor("y", F, None), tensor("sum", F, None), tensor("z", F, None)], opset=21, domains=MS)
+    feeds = {"x": rng.standard_normal(shape, dtype=np.float32),
+             "skip": rng.standard_normal(shape, dtype=np.float32), "g": rng.random(h, dtype=np.float32)}
+    _both(m, feeds, atol=1e-5)
+
+
+@pytest.mark.parametrize("with_zp", [False, True])
+@pytest.mark.parametrize("m_rows, k, n", [(1, 64, 8), (5, 96, 12), (3, 32, 1)])
+def test_matmul_nbits_matches_onnxruntime_at_accuracy_level_0(with_zp, m_rows, k, n):
+    rng = np.random.default_rng(k + n)
+    blk = 32
+    nblk = -(-k // blk)
+    q = rng.integers(0, 256, size=(n, nblk, blk // 2), dtype=np.uint8)
+    scales = (rng.random(n * nblk, dtype=np.float32) + 0.5) / 8
+    inits = [helper.make_tensor("w", TensorProto.UINT8, q.shape, q.tobytes(), raw=True),
+             helper.make_tensor("s", F, scales.shape, scales)]
+    names = ["a", "w", "s"]
+    if with_zp:
+        zp = rng.integers(0, 256, size=(n, (nblk + 1) // 2), dtype=np.uint8)
+        inits.append(helper.make_tensor("zp", TensorProto.UINT8, zp.shape, zp.tobytes(), raw=True))
+        names.append("zp")
+    node = helper.make_node("MatMulNBits", names, ["y"], domain="com.microsoft", K=k, N=n, bits=4,
+                            block_size=blk, accuracy_level=0)
+    model = onnx_model([node], [tensor("a", F, [m_rows, k])], [tensor("y", F, [m_rows, n])],
+                       opset=21, domains=MS, initializers=inits)
+    _both(model, {"a": rng.standard_normal((m_rows, k), dtype=np.float32)}, atol=1e-4)
+
+
+@pytest.mark.parametrize("interleaved", [0, 1])
+def test_ms_rotary_embedding_matches_onnxruntime(interleaved):
+    rng = np.random.default_rng(interleaved)
+    b, s, nh, h = 2, 3, 2, 8
+    node = helper.make_node("RotaryEmbedding", ["x", "pos", "cos", "sin"], ["y"], domain="com.microsoft",
+                            interleaved=interleaved)
+    m = onnx_model([node], [tensor("x", F, [b, s, nh * h]), tensor("pos", TensorProto.INT64, [b, s]),
+                            tensor("cos", F, [16, h // 2]), tensor("sin", F, [16, h // 2])],
+                   [tensor("y", F, None)], opset=21, domains=MS)
+    ang = rng.random((16, h // 2)).astype(np.float32)
+    feeds = {"x": rng.standard_normal((b, s, nh * h), dtype=np.float32),
+             "pos": np.array([[0, 1, 2], [5, 6, 7]], np.int64), "cos": np.cos(ang), "sin": np.sin(ang)}
+    _both(m, feeds, atol=1e-5)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("shape", [(0, 4), (3, 0, 5), (2, 1, 7), (5, 33)])
+def test_kernels_on_odd_and_empty_shapes_match_float64(shape):
+    rng = np.random.default_rng(sum(shape))
+    nodes = [helper.make_node("Softmax", ["x"], ["sm"], axis=-1),
+             helper.make_node("RMSNormalization", ["x", "g"], ["rms"], epsilon=1e-5),
+             helper.make_node("Sigmoid", ["x"], ["sg"]),
+             helper.make_node("ReduceMean", ["x"], ["mean"], keepdims=1)]
+    h = shape[-1]
+    m = onnx_model(nodes, [tensor("x", F, list(shape)), tensor("g", F, [h])],
+                   [tensor(n, F, None) for n in ("sm", "rms", "sg", "mean")])
+    x = rng.standard_normal(shape).astype(np.float32)
+    g = rng.random(h).astype(np.float32)
+    sm, rms, sg, mean = InferenceSession(m).run(None, {"x": x, "g": g})
+    x64 = x.astype(np.float64)
+    e = np.exp(x64 - (x64.max(axis=-1, keepdims=True) if x.size else 0))
+    np.testing.assert_allclose(sm, e / e.sum(axis=-1, keepdims=True), atol=1e-6)
+    np.testing.assert_allclose(rms, x64 / np.sqrt((x64 ** 2).mean(axis=-1, keepdims=True) + 1e-5) * g,
+                               atol=1e-5)
+    np.testing.assert_allclose(sg, 1 / (1 + np.exp(-x64)), atol=1e-6)
+    if x.size:
+        np.testing.assert_allclose(mean, x64.mean(axis=tuple(range(x.ndim)), keepdims=True), atol=1e-6)

@@ -1,0 +1,163 @@
+"""Conv / ConvTranspose + BatchNormalization / Mul / Add fusion, MatMul + Add -> Gemm."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from onnxforge.graphbuilder.builder import GraphBuilder
+from onnxforge.graphbuilder.ir import Model
+from onnxforge.graphbuilder.serde import to_onnx
+from onnxforge.passes import FusionPass, optimize
+
+from tests.passes.helpers import FLOAT, assert_sound, ort_run
+
+RNG = np.random.default_rng(11)
+
+
+def _ops(m: Model) -> list[str]:
+    return [n.op_type for n in m.graph]
+
+
+def _close(before, after: Model, feeds) -> None:
+    """Fusion rounds differently from the unfused chain: equal within float32 rounding."""
+    for w, g in zip(ort_run(before, feeds), ort_run(after, feeds)):
+        assert w.shape == g.shape and w.dtype == g.dtype
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5 * max(1.0, float(np.abs(w).max())))
+
+
+def _f32(*shape: int) -> np.ndarray:
+    return RNG.standard_normal(shape).astype(np.float32)
+
+
+def _conv(g: GraphBuilder, x, op: str, bias: bool, group: int = 1):
+    if op == "Conv":
+        w = g.initializer("W", _f32(4, 4 // group, 3, 3))
+    else:
+        w = g.initializer("W", _f32(4, 6 // group, 3, 3))
+    ins = [x, w] + ([g.initializer("B0", _f32(4 if op == "Conv" else 6))] if bias else [])
+    return getattr(g.op, op)(*ins, group=group, pads=[1, 1, 1, 1])
+
+
+@pytest.mark.parametrize("op", ["Conv", "ConvTranspose"])
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("group", [1, 2])
+def test_conv_batchnorm_fuses_into_conv(op, bias, group):
+    # BN(W*x + b) = (a*W)*x + (b - mean)*a + B, a = s / sqrt(var + eps)
+    g = GraphBuilder(opset=21)
+    x = g.input("x", FLOAT, [1, 4, 5, 5])
+    y = _conv(g, x, op, bias, group)
+    ch = 4 if op == "Conv" else 6
+    params = [g.initializer(k, v) for k, v in (
+        ("s", _f32(ch)), ("b", _f32(ch)), ("mean", _f32(ch)), ("var", np.abs(_f32(ch)) + 0.1))]
+    g.output(g.op.BatchNormalization(y, *params, epsilon=1e-3), "y")
+    m = g.to_model()
+    before = to_onnx(m)
+    assert FusionPass()(m).modified
+    assert _ops(m) == [op]
+    assert_sound(m)
+    _close(before, m, {"x": _f32(1, 4, 5, 5)})
+    optimize(m, debug=True)
+    assert _ops(m) == [op]
+    assert sorted(m.graph.initializers) and len(m.graph.initializers) == 2
+
+
+@pytest.mark.parametrize("op", ["Conv", "ConvTranspose"])
+@pytest.mark.parametrize("shape", [(4, 1, 1), (1, 4, 1, 1), ()])
+@pytest.mark.parametrize("kind", ["Mul", "Add"])
+def test_conv_times_or_plus_per_channel_constant_fuses(op, shape, kind):
+    # (W*x + b) * c = (c*W)*x + c*b ; (W*x + b) + c = W*x + (b + c)
+    g = GraphBuilder(opset=21)
+    x = g.input("x", FLOAT, [1, 4, 5, 5])
+    y = _conv(g, x, op, bias=False)
+    ch = 4 if op == "Conv" else 6
+    cshape = tuple(ch if d == 4 else d for d in shape)
+    c = g.initializer("c", _f32(*cshape) if cshape else np.float32(1.5))
+    g.output(getattr(g.op, kind)(c, y) if kind == "Mul" else getattr(g.op, kind)(y, c), "y")
+    m = g.to_model()
+    before = to_onnx(m)
+    FusionPass()(m)
+    assert _ops(m) == [op]
+    assert_sound(m)
+    _close(before, m, {"x": _f32(1, 4, 5, 5)})
+
+
+def test_conv_not_fused_when_its_output_or_weight_has_other_readers():
+    g = GraphBuilder(opset=21)
+    x = g.input("x", FLOAT, [1, 4, 5, 5])
+    y = _conv(g, x, "Conv", bias=False)
+    g.output(g.op.Mul(y, g.initializer("c", np.float32(2))), "y")
+    g.output(g.op.Relu(y), "r")
+    m = g.to_model()
+    FusionPass()(m)
+    assert _ops(m) == ["Conv", "Mul", "Relu"]
+    # a spatially varying constant is no per-channel affine map
+    g = GraphBuilder(opset=21)
+    x = g.input("x", FLOAT, [1, 4, 5, 5])
+    y = _conv(g, x, "Conv", bias=False)
+    g.output(g.op.Add(y, g.initializer("c", _f32(1, 1, 5, 5))), "y")
+    m = g.to_model()
+    FusionPass()(m)
+    assert _ops(m) == ["Conv", "Add"]
+
+
+@pytest.mark.parametrize("cshape", [(8,), (1, 8), (3, 8), (3, 1), ()])
+def test_matmul_add_becomes_gemm(cshape):
+    # MatMul(A, B) + C = Gemm(A, B, C)  (A 2-D, B constant 2-D, C broadcast to [M, N])
+    g = GraphBuilder(opset=21)
+    a = g.input("a", FLOAT, [3, 4])
+    t = g.op.MatMul(a, g.initializer("B", _f32(4, 8)))
+    c = g.initializer("C", _f32(*cshape) if cshape else np.float32(0.25))
+    g.output(g.op.Add(c, t), "y")
+    m = g.to_model()
+    before = to_onnx(m)
+    FusionPass()(m)
+    assert _ops(m) == ["Gemm"]
+    assert_sound(m)
+    _close(before, m, {"a": _f32(3, 4)})
+
+
+def test_matmul_add_kept_for_3d_input_or_unknown_rank_or_row_bias_on_symbolic_rows():
+    for shape, cshape in (([2, 3, 4], (8,)), (None, (8,)), (["n", 4], (3, 8))):
+        g = GraphBuilder(opset=21)
+        a = g.input("a", FLOAT, shape)
+        t = g.op.MatMul(a, g.initializer("B", _f32(4, 8)))
+        g.output(g.op.Add(t, g.initializer("C", _f32(*cshape))), "y")
+        m = g.to_model()
+        FusionPass()(m)
+        assert _ops(m) == ["MatMul", "Add"], (shape, cshape)
+
+
+@pytest.mark.parametrize("opset", [11, 21])
+def test_complementary_slices_become_one_split(opset):
+    # Slice(t, 0, 16, axis 3), Slice(t, 16, end, axis 3) -> Split(t, [16, 16], axis=3)
+    from onnxforge.passes import SliceSplitPass
+
+    g = GraphBuilder(opset=opset)
+    x = g.input("x", FLOAT, ["b", 2, 32])
+    i = lambda name, v: g.initializer(name, np.array([v], np.int64))  # noqa: E731
+    lo = g.op.Slice(x, i("s0", 0), i("e0", 16), i("a0", -1))
+    hi = g.op.Slice(x, i("s1", 16), i("e1", np.iinfo(np.int64).max), i("a1", 2))
+    g.output(g.op.Concat(g.op.Neg(hi), lo, axis=-1), "y")
+    g.output(hi, "hi")
+    m = g.to_model()
+    before = to_onnx(m)
+    assert SliceSplitPass()(m).modified
+    assert _ops(m) == ["Split", "Neg", "Concat"]
+    assert [v.name for v in m.graph.outputs] == ["y", "hi"]
+    assert_sound(m)
+    _close(before, m, {"x": _f32(3, 2, 32)})
+
+
+def test_slices_with_a_gap_or_a_symbolic_axis_are_kept():
+    from onnxforge.passes import SliceSplitPass
+
+    for shape, ends in (([2, 32], (16, 30)), ([2, "n"], (16, 1 << 40))):
+        g = GraphBuilder(opset=21)
+        x = g.input("x", FLOAT, shape)
+        i = lambda name, v: g.initializer(name, np.array([v], np.int64))  # noqa: E731
+        lo = g.op.Slice(x, i("s0", 0), i("e0", ends[0]), i("a0", 1))
+        hi = g.op.Slice(x, i("s1", 17 if shape[1] == 32 else 16), i("e1", ends[1]), i("a1", 1))
+        g.output(lo, "lo")
+        g.output(hi, "hi")
+        m = g.to_model()
+        assert not SliceSplitPass()(m).modified
