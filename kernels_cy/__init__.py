@@ -5,3 +5,5 @@ if __name__ != "onnxforge.kernels_cy":  # the folder imported under its bare nam
         f"the layer folder kernels_cy/ was imported as {__name__!r}: import onnxforge.kernels_cy "
         "instead, after `pip install -e .` at the repository root"
     )
+
+from onnxforge.kernels_cy import threads as _threads  # noqa: E402,F401  (OpenMP wait policy first)

@@ -318,18 +318,62 @@ static OF_QK_SIG(of_qk_base) OF_QK_BODY
 static OF_PV_SIG(of_pv_base) OF_PV_BODY
 static OF_DOT4_SIG(of_dot4_base) OF_DOT4_BODY
 #if OF_HAVE_AVX2_CLONE
+/* lane r of the result is the sum of the eight lanes of a[r] */
+static OF_TARGET_AVX2 inline __m256 of_hsum8x8(const __m256* a) {
+    __m256 t0 = _mm256_hadd_ps(a[0], a[1]), t1 = _mm256_hadd_ps(a[2], a[3]);
+    __m256 t2 = _mm256_hadd_ps(a[4], a[5]), t3 = _mm256_hadd_ps(a[6], a[7]);
+    __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
+    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
 static OF_TARGET_AVX2 OF_QK_SIG(of_qk_avx2) {
-    ptrdiff_t j, g;
-    for (j = 0; j < nb; ++j) {
-        const float* kr = k + j * ks;
-        for (g = 0; g < G; ++g) sc[g * ldsc + j] = of_dot_avx2(q + g * qhs, kr, d) * scale;
+    /* eight keys at a time per head: eight accumulators, one transposing reduction */
+    ptrdiff_t j, g, i;
+    int r;
+    const __m256 vscale = _mm256_set1_ps(scale);
+    for (g = 0; g < G; ++g) {
+        const float* qr = q + g * qhs;
+        j = 0;
+        if ((d & 7) == 0) {
+            for (; j + 8 <= nb; j += 8) {
+                __m256 a[8];
+                const float* kr = k + j * ks;
+                for (r = 0; r < 8; ++r) a[r] = _mm256_setzero_ps();
+                for (i = 0; i < d; i += 8) {
+                    __m256 qv = _mm256_loadu_ps(qr + i);
+                    for (r = 0; r < 8; ++r)
+                        a[r] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kr + r * ks + i), a[r]);
+                }
+                _mm256_storeu_ps(sc + g * ldsc + j, _mm256_mul_ps(of_hsum8x8(a), vscale));
+            }
+        }
+        for (; j < nb; ++j) sc[g * ldsc + j] = of_dot_avx2(qr, k + j * ks, d) * scale;
     }
 }
 static OF_TARGET_AVX2 OF_PV_SIG(of_pv_avx2) {
-    ptrdiff_t j, g;
-    for (j = 0; j < nb; ++j) {
-        const float* vr = v + j * vs;
-        for (g = 0; g < G; ++g) of_axpy_avx2(acc + g * ldacc, p[g * ldp + j], vr, d);
+    /* per head and 32-wide chunk of the head dim: four register accumulators over the keys */
+    ptrdiff_t j, g, c;
+    for (g = 0; g < G; ++g) {
+        float* ar = acc + g * ldacc;
+        const float* pr = p + g * ldp;
+        c = 0;
+        for (; c + 32 <= d; c += 32) {
+            __m256 r0 = _mm256_loadu_ps(ar + c), r1 = _mm256_loadu_ps(ar + c + 8);
+            __m256 r2 = _mm256_loadu_ps(ar + c + 16), r3 = _mm256_loadu_ps(ar + c + 24);
+            for (j = 0; j < nb; ++j) {
+                const float* vr = v + j * vs + c;
+                __m256 w = _mm256_set1_ps(pr[j]);
+                r0 = _mm256_fmadd_ps(w, _mm256_loadu_ps(vr), r0);
+                r1 = _mm256_fmadd_ps(w, _mm256_loadu_ps(vr + 8), r1);
+                r2 = _mm256_fmadd_ps(w, _mm256_loadu_ps(vr + 16), r2);
+                r3 = _mm256_fmadd_ps(w, _mm256_loadu_ps(vr + 24), r3);
+            }
+            _mm256_storeu_ps(ar + c, r0);
+            _mm256_storeu_ps(ar + c + 8, r1);
+            _mm256_storeu_ps(ar + c + 16, r2);
+            _mm256_storeu_ps(ar + c + 24, r3);
+        }
+        if (c < d)
+            for (j = 0; j < nb; ++j) of_axpy_avx2(ar + c, pr[j], v + j * vs + c, d - c);
     }
 }
 static OF_TARGET_AVX2 OF_DOT4_SIG(of_dot4_avx2) {

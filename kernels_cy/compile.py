@@ -216,6 +216,10 @@ class Compiler:
                                    "the backend needs a tensor")
         else:
             arr = v.const.numpy()
+        if isinstance(arr, np.ndarray) and not arr.flags.aligned:
+            # inline raw_data sits at any byte offset of the file; numpy's BLAS and take
+            # paths need aligned elements (else they copy or loop per element): one copy here
+            arr = np.array(arr, copy=True)
         arr = _readonly(arr)
         self._decoded[id(v)] = arr
         return arr

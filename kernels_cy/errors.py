@@ -8,7 +8,8 @@ from __future__ import annotations
 from onnxforge.proto_ext.errors import OnnxforgeError
 
 __all__ = ["BackendError", "CacheRangeError", "FeedError", "KernelDtypeError", "KernelError",
-           "UnsupportedAttributeError", "UnsupportedOperatorError"]
+           "StateAliasError", "StateBusyError", "StateClosedError", "StateError", "StateFeedError",
+           "StateInitError", "UnsupportedAttributeError", "UnsupportedOperatorError"]
 
 
 class BackendError(OnnxforgeError, ValueError):
@@ -43,3 +44,30 @@ class KernelDtypeError(KernelError, TypeError):
 
 class CacheRangeError(KernelError):
     """A cache write or read position lies outside ``[0, capacity]``; nothing was written."""
+
+
+class StateError(BackendError):
+    """Base class of the errors a persistent state (``make_state``) raises; the state is unchanged."""
+
+
+class StateInitError(StateError):
+    """An initial or restored state value that cannot be retained as it is (rules R2, R6, R7):
+    missing, unknown, wrong dtype or shape, non-writable or non-contiguous READ_WRITE storage,
+    storage already bound to another live state, or a symbolic dimension with no size."""
+
+
+class StateFeedError(StateError, FeedError):
+    """A feed that names an input the state retains (rule R6)."""
+
+
+class StateBusyError(StateError):
+    """``run``, ``reset`` or ``close`` while another call on the same state is active (rule R5)."""
+
+
+class StateClosedError(StateError):
+    """A call on a state after ``close()``."""
+
+
+class StateAliasError(StateError):
+    """A bound output that must be its input's buffer came back as other storage, or a
+    READ_WRITE input's next value is not writable, C-contiguous storage (rules R1, R2)."""

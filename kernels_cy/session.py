@@ -23,6 +23,7 @@ from onnxforge.graphbuilder.ir import READ_WRITE, Model, Value
 from onnxforge.kernels_cy.compile import compile_model
 from onnxforge.kernels_cy.errors import BackendError, FeedError
 from onnxforge.kernels_cy.plan import Counters
+from onnxforge.kernels_cy.threads import BLAS
 from onnxforge.proto_ext.dtypes import np_dtype
 from onnxforge.proto_ext.errors import CodecError, OnnxforgeError
 from onnxforge.proto_ext.types import TensorType, type_name
@@ -106,11 +107,7 @@ class InferenceSession:
         self._outputs = [v.name for v in g.outputs]
         self._out_index = {n: i for i, n in enumerate(self._outputs)}
         self.last_run = RunCounters()
-        self._limiter = None
-        if threads is not None:
-            from threadpoolctl import ThreadpoolController
-
-            self._limiter = ThreadpoolController()
+        self._bound = threads or os.cpu_count() or 1
 
     def _input_spec(self, v: Value) -> _InputSpec:
         t = v.type
@@ -194,13 +191,11 @@ class InferenceSession:
         args = self._feeds(feeds)
         mem = self._mem
         mem.reset()
+        saved = BLAS.begin(self._bound)
         try:
-            if self._limiter is not None:
-                with self._limiter.limit(limits=self.threads):
-                    outs = self._cg.program.run(args, mem)
-            else:
-                outs = self._cg.program.run(args, mem)
+            outs = self._cg.program.run(args, mem)
         finally:
+            BLAS.end(saved)
             self.last_run = RunCounters(int(mem.allocated), int(mem.copied), int(mem.peak))
         if output_names is None:
             return list(outs)

@@ -53,6 +53,8 @@ _EXPORTS: dict[str, str] = {
     # running on the CPU backend
     "InferenceSession": "onnxforge.kernels_cy.session",
     "backend_ops": "onnxforge.kernels_cy.session",
+    "make_state": "onnxforge.kernels_cy.state",
+    "make_stateful": "onnxforge.passes.stateful",
 }
 
 # Subpackages reachable as attributes (``of.passes.optimize``) once asked for.
@@ -75,6 +77,8 @@ if TYPE_CHECKING:
     from onnxforge.graphbuilder.ir import READ_WRITE as READ_WRITE
     from onnxforge.kernels_cy.session import InferenceSession as InferenceSession
     from onnxforge.kernels_cy.session import backend_ops as backend_ops
+    from onnxforge.kernels_cy.state import make_state as make_state
+    from onnxforge.passes.stateful import make_stateful as make_stateful
     from onnxforge.proto_ext.errors import CodecError as CodecError
     from onnxforge.proto_ext.errors import ExportError as ExportError
     from onnxforge.proto_ext.errors import ExternalDataError as ExternalDataError

@@ -13,6 +13,10 @@
     onnxforge run MODEL [--inputs FILE.npz] [-o OUT.npz] [--threads N] [--json]
                                                   run on the CPU backend: outputs, timing,
                                                   bytes allocated and copied
+    onnxforge generate MODEL (--prompt-ids 5,17,42 | --prompt-len P) --new N [--json]
+                                                  greedy decode through the in-place state:
+                                                  tokens, per-token latency, cache bytes,
+                                                  allocations, copies, cache addresses
     onnxforge demo [-o DIR]                       the built-in stateful decoder through the toolchain
 
 MODEL may be ``builtin:decoder`` to use the decoder the package builds itself.
@@ -165,6 +169,23 @@ def _model_stats(model) -> dict[str, int]:
 PROGRESS_MIN_NODES = 5_000
 
 
+def _copy_sidecars(source: str, output: str, model: Any) -> Any:
+    """genai_config.json (updated, its changes recorded) and the other sidecar files of
+    the source folder, next to ``output``; None when there is nothing to copy."""
+    from onnxforge.passes.export.sidecar import GENAI_CONFIG, copy_sidecar_files
+
+    if source.startswith(_BUILTIN):
+        return None
+    src_dir, out_dir = os.path.dirname(os.path.abspath(source)), os.path.dirname(os.path.abspath(output))
+    if not os.path.isfile(os.path.join(src_dir, GENAI_CONFIG)) or os.path.samefile(src_dir, out_dir):
+        return None
+    try:
+        return copy_sidecar_files(src_dir, out_dir, model_filename=os.path.basename(output), model=model,
+                                  source_model=os.path.basename(source))
+    except OSError as exc:
+        raise _write_error(out_dir, exc) from exc
+
+
 def _cmd_optimize(args: argparse.Namespace) -> int:
     import time
 
@@ -202,12 +223,14 @@ def _cmd_optimize(args: argparse.Namespace) -> int:
     except (OSError, ExternalDataError) as exc:
         raise _write_error(output, exc) from exc
     save_s = time.perf_counter() - t1
+    sidecar = _copy_sidecars(args.model, output, model)
     report = {"load_seconds": round(load_s, 4), "save_seconds": round(save_s, 4),
               "before": before, "after": after,
               "passes": [{"name": r.name, "seconds": round(r.seconds, 4), "modified": r.modified,
                           "nodes_before": r.nodes_before, "nodes_after": r.nodes_after}
                          for r in pm.records],
-              "output": output}
+              "output": output,
+              "sidecar": sidecar.to_json() if sidecar is not None else None}
     if args.json:
         print(json.dumps(report, indent=2))
         return EXIT_OK
@@ -216,6 +239,11 @@ def _cmd_optimize(args: argparse.Namespace) -> int:
         print(f"{key:<20} {before[key]:>14,} {after[key]:>14,}")
     print()
     print(pm.report())
+    if sidecar is not None:
+        for path in sidecar.copied.values():
+            print(f"copied {path}")
+        for change in sidecar.changes:
+            print(change)
     print(f"\nload {load_s:.3f} s, save {save_s:.3f} s -> {output}")
     return EXIT_OK
 
@@ -262,7 +290,16 @@ def _export_changes(model, written: dict[str, str]) -> dict[str, Any]:
         "ops_added": sorted(set(after) - set(before)),
         "feedback": read_feedback(std),
         "genai_config_updated": "genai_config" in written,
+        "genai_config_changes": _config_changes(written),
     }
+
+
+def _config_changes(written: dict[str, str]) -> list[dict[str, Any]]:
+    path = written.get("genai_config_changes")
+    if not path:
+        return []
+    with open(path, encoding="utf-8") as fh:
+        return list(json.load(fh))
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
@@ -283,6 +320,9 @@ def _cmd_export(args: argparse.Namespace) -> int:
         return EXIT_OK
     for path in written.values():
         print(f"wrote {path}")
+    for change in _config_changes(written):
+        print(f"genai_config.json: {change['key']}: {json.dumps(change['before'])} -> "
+              f"{json.dumps(change['after'])} ({change['reason']})")
     return EXIT_OK
 
 
@@ -311,6 +351,15 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return run_command(args, label=label)
 
 
+def _cmd_generate(args: argparse.Namespace) -> int:
+    from onnxforge.kernels_cy.cli_state import generate_command
+
+    label = args.model
+    if str(args.model).startswith(_BUILTIN):  # a path stays a path: genai_config.json sits beside it
+        args.model = _load_ir(args.model, verified=True)
+    return generate_command(args, label=label)
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     from onnxforge.samples import run_demo
 
@@ -325,6 +374,7 @@ _EXAMPLES = {
     "optimize": "onnxforge optimize builtin:decoder -o decoder.opt.onnx",
     "export": "onnxforge export builtin:decoder -o decoder-standard --json",
     "run": "onnxforge run builtin:decoder --threads 2 --json",
+    "generate": "onnxforge generate builtin:decoder --prompt-ids 5,17,42 --new 8",
     "demo": "onnxforge demo -o onnxforge-demo",
 }
 
@@ -393,6 +443,13 @@ def build_parser() -> argparse.ArgumentParser:
                          formatter_class=argparse.RawDescriptionHelpFormatter,
                          epilog=f"example:\n  {_EXAMPLES['run']}")
     run.set_defaults(func=_cmd_run)
+
+    from onnxforge.kernels_cy.cli_state import SUMMARY as GEN_SUMMARY, add_generate_parser
+
+    gen = add_generate_parser(sub, help=GEN_SUMMARY, description=GEN_SUMMARY, parents=[common],
+                              formatter_class=argparse.RawDescriptionHelpFormatter,
+                              epilog=f"example:\n  {_EXAMPLES['generate']}")
+    gen.set_defaults(func=_cmd_generate)
 
     demo = command("demo", "build the built-in stateful decoder and run the toolchain")
     demo.add_argument("-o", "--output", default="onnxforge-demo", help="output folder")

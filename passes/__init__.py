@@ -93,7 +93,7 @@ from onnxforge.passes.rewrite import (
 )
 from onnxforge.passes.topo import CycleError, TopologicalSortPass, topological_sort
 from onnxforge.passes.shape_fold import ShapeFoldPass, fold_shapes
-from onnxforge.passes.if_inline import IfInlinePass, inline_constant_ifs
+from onnxforge.passes.if_inline import IfInlineError, IfInlinePass, inline_constant_ifs
 from onnxforge.passes.fusion import (
     FUSION_RULES,
     FusionPass,
@@ -177,6 +177,7 @@ __all__ = [
     "topological_sort",
     "FUSION_RULES",
     "FusionPass",
+    "IfInlineError",
     "IfInlinePass",
     "ShapeFoldPass",
     "SliceSplitPass",

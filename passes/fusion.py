@@ -29,8 +29,15 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import numpy as np
-
-from onnxforge.graphbuilder.ir import Attr, AttrType, Function, Graph, Model, Node, Value
+from onnxforge.graphbuilder.ir import (
+    Attr,
+    AttrType,
+    Function,
+    Graph,
+    Model,
+    Node,
+    Value,
+)
 from onnxforge.graphbuilder.shapes import ShapesContext
 from onnxforge.graphbuilder.tensors import Tensor
 from onnxforge.passes.domains import DEFAULT_DOMAINS, imported_version, opsets_in_scope
@@ -40,6 +47,7 @@ from onnxforge.passes.invariants import containers
 from onnxforge.passes.manager import Pass, PassResult, register_pass
 from onnxforge.passes.rename import NameScope, can_replace, replace_value
 from onnxforge.passes.rewrite import Const, Match, Pattern, Rule, RuleTable, apply_rules
+from onnxforge.passes.shape_fold import shapes_for_rewrite
 from onnxforge.proto_ext.types import TensorType
 
 __all__ = ["FUSION_RULES", "FusionPass", "SliceSplitPass", "fuse", "merge_complementary_slices"]
@@ -226,8 +234,7 @@ class FusionPass(Pass):
     runs_after = ("inline", "constant_folding")
 
     def call(self, model: Model) -> PassResult:
-        shapes = self.analyses.get("shapes").scratch() if self.analyses is not None else None
-        return PassResult(model, fuse(model, shapes) > 0)
+        return PassResult(model, fuse(model, shapes_for_rewrite(self.analyses, model)) > 0)
 
 
 
@@ -341,7 +348,9 @@ def merge_complementary_slices(model: Model, ctx: ShapesContext | None = None) -
     """Replace unit-step Slices of one value along one static axis that cover it exactly,
     in pieces, by one ``Split``; returns how many Splits were made."""
     if ctx is None:
-        ctx = ShapesContext(model, write_back=False, strict=False).infer_graph()
+        ctx = shapes_for_rewrite(None, model)
+        if ctx is None:
+            return 0
     merger = _SliceMerger(model, ctx, effect_analysis(model))
     for c in list(containers(model)):
         merger.run(c)
@@ -362,5 +371,7 @@ class SliceSplitPass(Pass):
     runs_after = ("inline", "constant_folding")
 
     def call(self, model: Model) -> PassResult:
-        ctx = self.analyses.get("shapes").scratch() if self.analyses is not None else None
+        ctx = shapes_for_rewrite(self.analyses, model)
+        if ctx is None:
+            return PassResult(model, False)
         return PassResult(model, merge_complementary_slices(model, ctx) > 0)

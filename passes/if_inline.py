@@ -28,13 +28,21 @@ Before / after::
 """
 from __future__ import annotations
 
-from onnxforge.proto_ext.errors import OnnxforgeError
-from onnxforge.graphbuilder.ir import Attr, AttrType, Function, Graph, Model, Node, Value
+from onnxforge.graphbuilder.ir import (
+    Attr,
+    AttrType,
+    Function,
+    Graph,
+    Model,
+    Node,
+    Value,
+)
 from onnxforge.passes.domains import DEFAULT_DOMAINS
 from onnxforge.passes.effects import Effects, effect_analysis
 from onnxforge.passes.fold import constant_value
 from onnxforge.passes.manager import Pass, PassResult, register_pass
 from onnxforge.passes.rename import NameScope, can_replace, erase_node, replace_value
+from onnxforge.proto_ext.errors import OnnxforgeError
 
 __all__ = ["IfInlineError", "IfInlinePass", "inline_constant_ifs"]
 

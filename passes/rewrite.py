@@ -53,6 +53,7 @@ from onnxforge.passes.invariants import containers
 from onnxforge.passes.manager import Pass, PassResult, check_int_option, register_pass
 from onnxforge.passes.records import make_attrs
 from onnxforge.passes.rename import NameScope, can_replace, erase_node, replace_value
+from onnxforge.passes.shape_fold import shapes_for_rewrite
 from onnxforge.proto_ext.types import TensorType
 
 __all__ = [
@@ -856,6 +857,6 @@ class RewritePass(Pass):
         self.max_rewrites = max_rewrites
 
     def call(self, model: Model) -> PassResult:
-        shapes = self.analyses.get("shapes").scratch() if self.analyses is not None else None
+        shapes = shapes_for_rewrite(self.analyses, model)
         return PassResult(model, apply_rules(model, self.table, max_rewrites=self.max_rewrites,
                                              shapes=shapes, lift=True) > 0)

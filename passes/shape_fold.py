@@ -29,14 +29,21 @@ Before / after (``x: FLOAT[2, n, 8]``)::
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 
 import numpy as np
 from onnx import TensorProto
-
-from onnxforge.graphbuilder.ir import Attr, AttrType, Function, Graph, Model, Node, Value
-from onnxforge.graphbuilder.shapes import ShapesContext
+from onnxforge.graphbuilder.ir import (
+    Attr,
+    AttrType,
+    Function,
+    Graph,
+    Model,
+    Node,
+    Value,
+)
+from onnxforge.graphbuilder.shapes import ShapeError, ShapesContext
 from onnxforge.graphbuilder.tensors import Tensor
+from onnxforge.passes.analysis import AnalysisManager
 from onnxforge.passes.domains import DEFAULT_DOMAINS, imported_version, opsets_in_scope
 from onnxforge.passes.effects import Effects, effect_analysis
 from onnxforge.passes.fold import constant_value
@@ -45,7 +52,7 @@ from onnxforge.passes.manager import Pass, PassResult, check_int_option, registe
 from onnxforge.passes.rename import NameScope, can_replace, erase_node, replace_value
 from onnxforge.proto_ext.types import TensorType
 
-__all__ = ["ShapeFoldPass", "fold_shapes"]
+__all__ = ["ShapeFoldPass", "fold_shapes", "shapes_for_rewrite"]
 
 Container = Graph | Function
 
@@ -146,11 +153,10 @@ class _ShapeFolder:
         self.ctx = ctx
         self.effects = effects
         self.max_elements = max_elements
-        self.names: Callable[[], NameScope] = self._scope
         self._names: NameScope | None = None
         self.changed = 0
 
-    def _scope(self) -> NameScope:
+    def names(self) -> NameScope:
         if self._names is None:
             self._names = NameScope.from_model(self.model)
         return self._names
@@ -240,11 +246,25 @@ class _ShapeFolder:
             erase_node(new)
 
 
-def fold_shapes(model: Model, ctx: ShapesContext | None = None, *, max_elements: int = 1 << 16) -> int:
+def shapes_for_rewrite(analyses: AnalysisManager | None, model: Model) -> ShapesContext | None:
+    """A scratch copy of the cached ``shapes`` analysis of ``model`` (reading a context seeds
+    types, which must not change the cached result), or None when shapes cannot be
+    inferred (a model whose declared shapes contradict each other is still rewritten, by
+    the rules that need no shapes)."""
+    am = analyses if analyses is not None else AnalysisManager(model)
+    try:
+        return am.get("shapes", model).scratch()
+    except ShapeError:
+        return None
+
+
+def fold_shapes(model: Model, ctx: ShapesContext | None = None, *, max_elements: int = 128) -> int:
     """Fold the shape computations ``ctx`` (default: a fresh inference) knows exactly;
     returns how many nodes were folded or rewritten."""
     if ctx is None:
-        ctx = ShapesContext(model, write_back=False, strict=False).infer_graph()
+        ctx = shapes_for_rewrite(None, model)
+        if ctx is None:
+            return 0
     folder = _ShapeFolder(model, ctx, effect_analysis(model), max_elements)
     for c in list(containers(model)):
         if isinstance(c, Function) or c is model.graph:
@@ -256,19 +276,20 @@ def fold_shapes(model: Model, ctx: ShapesContext | None = None, *, max_elements:
 class ShapeFoldPass(Pass):
     """Replace shape computations with known results by constants (see the module docstring).
 
-    Reads the ``shapes`` analysis; ``max_elements`` (default 65536) bounds each folded
-    result.
+    Reads the ``shapes`` analysis; ``max_elements`` (default 128) bounds each folded
+    result (a folded value adds its payload to the model).
     """
 
     name = "shape_folding"
     runs_after = ("inline", "topological_sort")
     runs_before = ("dce",)
 
-    def __init__(self, *, max_elements: int = 1 << 16):
+    def __init__(self, *, max_elements: int = 128):
         check_int_option(self.name, "max_elements", max_elements, 0)
         self.max_elements = max_elements
 
     def call(self, model: Model) -> PassResult:
-        # a scratch copy: reading seeds types, which must not change the cached result
-        ctx = self.analyses.get("shapes").scratch() if self.analyses is not None else None
+        ctx = shapes_for_rewrite(self.analyses, model)
+        if ctx is None:
+            return PassResult(model, False)
         return PassResult(model, fold_shapes(model, ctx, max_elements=self.max_elements) > 0)

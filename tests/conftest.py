@@ -53,6 +53,7 @@ if _FOREIGN:
     )
 
 from tests.fixtures.decoders import build_all, load_io_info, random_decoder_feeds  # noqa: E402
+from tests.fixtures.wild import fetch_all  # noqa: E402
 
 __all__ = ["decoder_fixture_dir", "foreign_packages", "load_io_info", "random_decoder_feeds"]
 
@@ -79,3 +80,12 @@ def decoder_models() -> dict[str, Path]:
     "hf": Hugging Face model folder}``; each model's ``io.json`` sits next to it.
     """
     return build_all(decoder_fixture_dir())
+
+
+@pytest.fixture(scope="session")
+def wild_models() -> dict[str, Path]:
+    """Download (or reuse) the real-world corpus of ``tests/fixtures/wild.py``.
+
+    Returns ``{name: <cache>/wild/<name>.onnx}``, cached in the same folder as the decoders.
+    """
+    return fetch_all(decoder_fixture_dir())

@@ -399,10 +399,11 @@ def _examples() -> dict[str, str]:
 
 
 def test_every_command_has_a_help_example():
-    assert set(_examples()) == {"inspect", "verify", "optimize", "export", "run", "demo"}
+    assert set(_examples()) == {"inspect", "verify", "optimize", "export", "run", "generate", "demo"}
 
 
-@pytest.mark.parametrize("command", ["inspect", "verify", "optimize", "export", "run", "demo"])
+@pytest.mark.parametrize("command", ["inspect", "verify", "optimize", "export", "run", "generate",
+                                     "demo"])
 def test_each_help_example_runs_as_printed(command, tmp_path, monkeypatch, capsys):
     example = _examples()[command]
     assert example.startswith(f"onnxforge {command}")
@@ -453,3 +454,15 @@ def test_run_rejects_a_feed_the_model_does_not_have(tmp_path, capsys):
     assert main(["run", "builtin:decoder", "--inputs", str(tmp_path / "in.npz")]) != 0
     err = capsys.readouterr().err
     assert "nonsense" in err and "Traceback" not in err
+
+
+def test_optimize_of_a_genai_folder_copies_its_sidecar_files(decoder_models, tmp_path, capsys):
+    src = decoder_models["genai_fp32"]
+    out = tmp_path / "opt"
+    out.mkdir()
+    assert main(["optimize", str(src), "-o", str(out / "model.onnx"), "--json", "-q"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["sidecar"] is not None
+    config = json.loads((out / "genai_config.json").read_text())
+    assert config["model"]["decoder"]["filename"] == "model.onnx"
+    assert (out / "tokenizer.json").read_bytes() == (src.parent / "tokenizer.json").read_bytes()

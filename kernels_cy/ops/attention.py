@@ -133,6 +133,15 @@ def grouped_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float,
     return out.reshape(nq, s, v.shape[-1])
 
 
+def _inert(mask) -> bool:
+    """True when an attention mask masks nothing (absent, all True, or all zero)."""
+    if mask is None:
+        return True
+    if mask.dtype == np.bool_:
+        return bool(mask.all())
+    return mask.dtype.kind == "f" and not mask.any()
+
+
 @register("", "Attention")
 class Attention(Kernel):
     """ONNX Attention (opsets 23/24): 3-D or 4-D Q/K/V, masks, causal, past, GQA."""
@@ -156,6 +165,8 @@ class Attention(Kernel):
             self.softmax_dtype = np_dtype(int(sp))
         self.left = spec.int("left_window_size", -1)
         self.right = spec.int("right_window_size", -1)
+        self._start = np.zeros(1, dtype=np.int64)
+        self._total = np.zeros(1, dtype=np.int64)
         if self.left < -1 or self.right < -1:
             raise spec.fail(f"window sizes must be -1 or >= 0, got {self.left}, {self.right}")
 
@@ -175,7 +186,15 @@ class Attention(Kernel):
         if (dt == F32 and self.n_out <= 3 and self.softcap <= 0 and nonpad is None and self.left < 0
                 and self.right < 0 and self.softmax_dtype is None
                 and (mask is None or mask.shape[-1] == t)):
-            y = self._fast(q, present_k, present_v, mask, past_k, scale, three)
+            y = None
+            if s == 1 and b == 1 and fast.gqa_attention is not None and h <= 256 and present_k.shape[1] > 0 \
+                    and nq % present_k.shape[1] == 0 and nq // present_k.shape[1] <= 16 and q.strides[-1] == 4 \
+                    and present_k.strides[-1] == 4 and present_v.strides[-1] == 4 and _inert(mask) \
+                    and present_v.shape[3] == h \
+                    and (not self.causal or (past_k is not None and past_k.shape[2] >= t - 1)):
+                y = self._one_query(q, present_k, present_v, scale, three)
+            if y is None:
+                y = self._fast(q, present_k, present_v, mask, past_k, scale, three)
             outs = (y, np.ascontiguousarray(present_k), np.ascontiguousarray(present_v))
             return y if self.n_out == 1 else outs[:self.n_out]
         bias = np.zeros((s, t), dtype=dt)
@@ -239,6 +258,18 @@ class Attention(Kernel):
         return y if self.n_out == 1 else tuple(outs[:self.n_out])
 
 
+    def _one_query(self, q, pk, pv, scale, three):
+        """One new token of batch row 0 that sees every key (causal or not): the compiled
+        grouped-head kernel reads K and V in place."""
+        b, nq, s, h = q.shape
+        t = pk.shape[2]
+        self._total[0] = t
+        self._start[0] = t - 1
+        out = np.empty((b, s, nq, h), dtype=F32)
+        fast.gqa_attention(q.transpose(0, 2, 1, 3), pk, pv, self._total, out, float(scale),
+                           query_start=self._start)
+        return out.reshape(b, s, nq * h) if three else out.reshape(b, nq, s, h)
+
     def _fast(self, q, pk, pv, mask, past_k, scale, three):
         """float32 without softcap / windows / extra outputs: one product, an in-place
         softmax and one product (scale applied once to the scores)."""
@@ -299,6 +330,10 @@ class GroupQueryAttention(Kernel):
         self.shared = (1, 3) in spec.aliases or (2, 4) in spec.aliases
         self.n_out = spec.n_outputs
         self.spec_threads = spec.threads_for
+        self.one_row = (fast.gqa_attention is not None and fast.rotary is not None and self.window < 0
+                        and self.nq // self.nkv <= 16)
+        self._start = np.zeros(1, dtype=np.int64)  # query start and valid length of a one-row call
+        self._total = np.zeros(1, dtype=np.int64)
 
     def run(self, q, k=None, v=None, past_k=None, past_v=None, seqlens_k=None, total_len=None,
             cos_cache=None, sin_cache=None, position_ids=None, attention_bias=None, head_sink=None):
@@ -316,6 +351,13 @@ class GroupQueryAttention(Kernel):
         vs = v.reshape(b, s, nkv, h)
         if seqlens_k is None or total_len is None:
             raise self.error("seqlens_k and total_sequence_length are required")
+        if (b == 1 and self.one_row and q.dtype == F32 and h <= 256 and position_ids is None
+                and qs.strides[-1] == 4 and ks.strides[-1] == 4 and seqlens_k.size == 1
+                and (not self.rotary or cos_cache.dtype == F32)):
+            got = self._one_row(qs, ks, vs, past_k, past_v, int(seqlens_k.reshape(-1)[0]) + 1,
+                                int(total_len.reshape(-1)[0]), cos_cache, sin_cache)
+            if got is not None:
+                return got
         seqlens = np.asarray(seqlens_k, dtype=np.int64).reshape(-1) + 1
         total = int(np.asarray(total_len).reshape(-1)[0])
         cap = past_k.shape[2] if past_k is not None else 0
@@ -392,6 +434,50 @@ class GroupQueryAttention(Kernel):
             else:
                 out[i] = grouped_attention(qi, kk, vv, scale, bias).transpose(1, 0, 2)
         y = out.reshape(b, s, nq * h)
+        return (y, pk, pv)[:self.n_out] if self.n_out > 1 else y
+
+
+    def _one_row(self, qs, ks, vs, past_k, past_v, seq, total, cos_cache, sin_cache):
+        """Batch 1 with the compiled kernels: rotate the new keys straight into the
+        present buffer, no position arrays, Python ints for the lengths. None when
+        the call needs the general path."""
+        s, nkv, h = qs.shape[1], self.nkv, qs.shape[3]
+        cap = past_k.shape[2] if past_k is not None else 0
+        p0 = seq - s if seq > s else 0
+        if self.shared:
+            if p0 + s > cap:
+                raise self.error(f"new tokens at {[p0]} + {s} exceed the buffer capacity {cap}")
+            pk, pv = past_k, past_v
+        else:
+            plen = total if total > cap else cap
+            if p0 + s > plen:
+                return None
+            pk = np.empty((1, nkv, plen, h), dtype=F32)
+            pv = np.empty((1, nkv, plen, h), dtype=F32)
+            if p0:
+                pk[:, :, :p0] = past_k[:, :, :p0]
+                pv[:, :, :p0] = past_v[:, :, :p0]
+            if p0 + s < plen:
+                pk[:, :, p0 + s:] = 0
+                pv[:, :, p0 + s:] = 0
+        self._start[0] = p0
+        kdst = pk[:, :, p0:p0 + s].transpose(0, 2, 1, 3)
+        if self.rotary:
+            if p0 + s > cos_cache.shape[0]:
+                raise self.error(f"positions up to {p0 + s - 1} exceed the rotary cache of {cos_cache.shape[0]}")
+            qr = np.empty(qs.shape, dtype=F32)
+            fast.rotary(qs, cos_cache, sin_cache, qr, start=self._start, interleaved=self.interleaved)
+            fast.rotary(ks, cos_cache, sin_cache, kdst, start=self._start, interleaved=self.interleaved)
+        else:
+            qr = qs
+            kdst[...] = ks
+        pv[:, :, p0:p0 + s] = vs.transpose(0, 2, 1, 3)
+        tot = seq if seq > p0 + s else p0 + s
+        self._total[0] = tot if tot < pk.shape[2] else pk.shape[2]
+        out = np.empty(qs.shape[:2] + (self.nq, h), dtype=F32)
+        fast.gqa_attention(qr, pk, pv, self._total, out, self.scale, query_start=self._start,
+                           softcap=self.softcap, num_threads=self.spec_threads(tot * self.nq * h * 2))
+        y = out.reshape(1, s, self.nq * h)
         return (y, pk, pv)[:self.n_out] if self.n_out > 1 else y
 
 

@@ -302,9 +302,16 @@ class Cast(Kernel):
             except CodecError:
                 raise spec.fail(f"attribute to={to} names no supported element type") from None
         self.saturate = bool(spec.int("saturate", 1))
+        self.plain = self.dtype in _PLAIN
 
     def run(self, x):
+        if self.plain and x.dtype in _PLAIN and x.dtype != self.dtype:
+            return x.astype(self.dtype)
         return _cast_to(x, self.dtype, self.saturate)
+
+
+_PLAIN = frozenset(np.dtype(t) for t in (np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16,
+                                         np.uint32, np.uint64, np.float16, np.float32, np.float64))
 
 
 @register("", "CastLike")

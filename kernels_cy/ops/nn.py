@@ -6,6 +6,7 @@ import numpy as np
 
 from onnxforge.kernels_cy.ops import fast
 from onnxforge.kernels_cy.ops.base import Kernel, NodeSpec, register
+from onnxforge.kernels_cy.threads import BLAS
 
 F32 = np.dtype(np.float32)
 
@@ -14,7 +15,11 @@ __all__: list[str] = []
 
 @register("", "MatMul")
 class MatMul(Kernel):
+    """numpy's matmul (BLAS, no copy of C- or F-ordered operands); a small product
+    runs BLAS on one thread (``threads.BLAS``)."""
+
     def run(self, a, b):
+        BLAS.for_work(a.size * b.shape[-1])
         return np.matmul(a, b)
 
 
@@ -30,6 +35,7 @@ class Gemm(Kernel):
     def run(self, a, b, c=None):
         a = a.T if self.ta else a
         b = b.T if self.tb else b
+        BLAS.for_work(a.size * b.shape[-1])
         y = np.matmul(a, b)
         if self.alpha != 1.0:
             y *= y.dtype.type(self.alpha)

@@ -18,7 +18,7 @@ __all__ = ["reshape_target"]
 
 def reshape_target(shape: Any, data_shape: tuple[int, ...], allowzero: int) -> tuple[int, ...]:
     """The concrete target of ONNX Reshape (0 copies a dimension unless ``allowzero``)."""
-    out = [int(d) for d in shape]
+    out = shape.tolist() if isinstance(shape, np.ndarray) else [int(d) for d in shape]
     if not allowzero:
         for i, d in enumerate(out):
             if d == 0:
@@ -188,7 +188,9 @@ class Concat(Kernel):
 @register("", "Expand")
 class Expand(Kernel):
     def run(self, x, shape):
-        target = np.broadcast_shapes(x.shape, tuple(int(d) for d in shape))
+        target = _broadcast(x.shape, shape.tolist() if isinstance(shape, np.ndarray) else [int(d) for d in shape])
+        if target is None:
+            raise self.error(f"shape {list(x.shape)} cannot be expanded to {[int(d) for d in shape]}")
         out = np.empty(target, dtype=x.dtype)
         out[...] = x
         return out
@@ -213,11 +215,11 @@ class Gather(Kernel):
 
     def run(self, x, idx):
         a = self.axis % x.ndim
-        idx = np.asarray(idx, dtype=np.int64)
-        n = x.shape[a]
-        if idx.size and (idx.min() < -n or idx.max() >= n):
-            raise self.error(f"Gather index out of range [{-n}, {n})")
-        return np.asarray(np.take(x, np.where(idx < 0, idx + n, idx), axis=a))
+        try:  # numpy's take checks the range and wraps negative indices like ONNX
+            return np.asarray(np.take(x, idx, axis=a))
+        except (IndexError, TypeError):
+            n = x.shape[a]
+            raise self.error(f"Gather index out of range [{-n}, {n})") from None
 
 
 @register("", "GatherElements")
@@ -343,12 +345,13 @@ class Split(Kernel):
             k = self.n
             size = -(-n // k)
             split = [min(size, n - i * size) for i in range(k)]
-        bounds = np.cumsum([0] + [int(s) for s in split])
-        idx = [slice(None)] * x.ndim
+        lead = (slice(None),) * a
         outs = []
-        for i in range(len(bounds) - 1):
-            idx[a] = slice(int(bounds[i]), int(bounds[i + 1]))
-            outs.append(np.ascontiguousarray(x[tuple(idx)]))
+        lo = 0
+        for size in (split.tolist() if isinstance(split, np.ndarray) else split):
+            hi = lo + int(size)
+            outs.append(np.ascontiguousarray(x[lead + (slice(lo, hi),)]))
+            lo = hi
         return tuple(outs)
 
 
@@ -442,3 +445,19 @@ class Materialize:
                 self.mem.materialized(c.nbytes)
             return c
         return view
+
+
+def _broadcast(xs: tuple[int, ...], target: list[int]) -> tuple[int, ...] | None:
+    """numpy broadcasting of ``xs`` with ``target`` (None when they do not broadcast)."""
+    n = max(len(xs), len(target))
+    a = (1,) * (n - len(xs)) + tuple(xs)
+    b = [1] * (n - len(target)) + target
+    out = []
+    for p, q in zip(a, b):
+        if p == q or q == 1:
+            out.append(p)
+        elif p == 1:
+            out.append(q)
+        else:
+            return None
+    return tuple(out)

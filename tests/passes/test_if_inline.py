@@ -3,10 +3,9 @@ from __future__ import annotations
 
 import numpy as np
 from onnx import TensorProto
-
 from onnxforge.graphbuilder.builder import GraphBuilder
 from onnxforge.graphbuilder.ir import Model
-from onnxforge.graphbuilder.serde import to_onnx
+from onnxforge.graphbuilder.serde import load, to_onnx
 from onnxforge.passes import IfInlinePass, optimize
 from onnxforge.passes.invariants import containers
 
@@ -14,6 +13,13 @@ from tests.passes.helpers import FLOAT, assert_same_outputs, assert_sound
 
 RNG = np.random.default_rng(5)
 BOOL = TensorProto.BOOL
+
+
+def _same_and_optimized(before, m: Model, feeds: dict[str, np.ndarray]) -> None:
+    """``m`` computes what ``before`` computes, and so does the whole default pipeline
+    (invariants checked between passes) run on ``before``."""
+    assert_same_outputs(before, m, feeds)
+    assert_same_outputs(before, optimize(load(before), debug=True), feeds)
 
 
 def _ops(m: Model) -> list[str]:
@@ -55,7 +61,7 @@ def test_true_condition_moves_then_branch_and_keeps_output_name():
     assert [v.name for v in m.graph.outputs] == ["y"]
     assert "w" in m.graph.initializers  # the branch weight moved out, once
     assert_sound(m)
-    assert_same_outputs(before, m, _feeds())
+    _same_and_optimized(before, m, _feeds())
 
 
 def test_false_condition_returning_initializer_as_graph_output_gets_identity():
@@ -65,7 +71,7 @@ def test_false_condition_returning_initializer_as_graph_output_gets_identity():
     assert _ops(m) == ["Identity"]
     assert [v.name for v in m.graph.outputs] == ["y"]
     assert_sound(m)
-    assert_same_outputs(before, m, _feeds())
+    _same_and_optimized(before, m, _feeds())
 
 
 def test_initializer_is_forwarded_directly_when_not_an_output():
@@ -74,7 +80,7 @@ def test_initializer_is_forwarded_directly_when_not_an_output():
     IfInlinePass()(m)
     assert _ops(m) == ["Abs"]
     assert m.graph.nodes[0].inputs[0].name == "k"
-    assert_same_outputs(before, m, _feeds())
+    _same_and_optimized(before, m, _feeds())
 
 
 def test_nested_if_and_nested_subgraph_are_kept_and_inlined():
@@ -99,7 +105,7 @@ def test_nested_if_and_nested_subgraph_are_kept_and_inlined():
     assert [n.op_type for n in m.graph] == ["If", "Sigmoid"]
     assert_sound(m)
     for c in (True, False):
-        assert_same_outputs(before, m, {**_feeds(), "c2": np.array(c)})
+        _same_and_optimized(before, m, {**_feeds(), "c2": np.array(c)})
 
 
 def test_condition_from_folded_shape_inlines_in_default_pipeline():
@@ -117,7 +123,7 @@ def test_condition_from_folded_shape_inlines_in_default_pipeline():
     before = to_onnx(m)
     optimize(m, debug=True)
     assert _ops(m) == ["Neg"]
-    assert_same_outputs(before, m, {"x": RNG.standard_normal((4, 3)).astype(np.float32)})
+    _same_and_optimized(before, m, {"x": RNG.standard_normal((4, 3)).astype(np.float32)})
 
 
 def test_if_with_graph_input_condition_is_kept():

@@ -19,6 +19,7 @@ from onnxforge.passes import (
     Rule,
     RuleTable,
     apply_rules,
+    optimize,
 )
 
 from tests.passes.helpers import FLOAT, assert_same_outputs, assert_sound, output_names
@@ -48,6 +49,8 @@ def _check(build, expected_ops: list[str], **kw) -> Model:
     assert _ops(m) == expected_ops
     assert_sound(m)
     assert_same_outputs(before, m, feeds)
+    whole, _ = _case(build, **kw)  # the default pipeline, invariants checked between passes
+    assert_same_outputs(before, optimize(whole, debug=True), feeds)
     return m
 
 

@@ -1,0 +1,83 @@
+"""Thread control of the CPU backend: BLAS pool size per product, OpenMP wait policy.
+
+OpenMP: the kernels' parallel loops use libgomp, which by default spins for a
+while after each parallel region. ``OMP_WAIT_POLICY=PASSIVE`` (set here, before
+the first kernel extension loads libgomp, unless the caller set it) makes idle
+workers sleep at once, so no thread busy-waits after a run returns. Small work
+never opens a parallel region at all (see ``NodeSpec.threads_for``).
+
+BLAS: a decode step's products are tiny ([1, 128] x [128, 512]); a threaded
+OpenBLAS call then costs more in wake-ups than it saves, and with a loaded
+machine a descheduled worker stalls the caller. :data:`BLAS` sets the pool size
+through OpenBLAS's own setter, only when it changes: one thread below
+:data:`BLAS_PARALLEL_WORK` multiply-adds, the session's bound above it. A session
+run calls :meth:`BlasThreads.begin` / :meth:`BlasThreads.end` so the caller's
+setting is restored when the run returns (threads=N bounds BLAS for the run).
+
+    saved = BLAS.begin(bound)      # BLAS uses at most ``bound`` threads
+    BLAS.want(1)                   # a small product: one thread (no call if unchanged)
+    BLAS.end(saved)                # the caller's setting again
+"""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+__all__ = ["BLAS", "BLAS_PARALLEL_WORK", "BlasThreads"]
+
+BLAS_PARALLEL_WORK = 1 << 21  # multiply-adds: below this a BLAS product runs on one thread
+
+
+class BlasThreads:
+    """The BLAS libraries numpy loaded, with a cached pool size (``None``: unknown)."""
+
+    def __init__(self) -> None:
+        self._libs: list[Any] | None = None
+        self.current: int | None = None
+        self.bound = os.cpu_count() or 1
+
+    def _controllers(self) -> list[Any]:
+        if self._libs is None:
+            try:
+                from threadpoolctl import ThreadpoolController
+
+                self._libs = [c for c in ThreadpoolController().lib_controllers if c.user_api == "blas"]
+            except ImportError:  # threadpoolctl is optional: BLAS keeps its own setting
+                self._libs = []
+        return self._libs
+
+    def begin(self, bound: int) -> int | None:
+        """Start a run bounded to ``bound`` threads; returns the setting to restore."""
+        libs = self._controllers()
+        if not libs:
+            return None
+        saved = int(libs[0].get_num_threads())
+        self.current = saved
+        self.bound = bound
+        if saved > bound:
+            self.want(bound)
+        return saved
+
+    def want(self, n: int) -> None:
+        """Use ``min(n, bound)`` threads for the next products (a no-op when unchanged)."""
+        n = n if n < self.bound else self.bound
+        if n != self.current:
+            for lib in self._controllers():
+                lib.set_num_threads(n)
+            self.current = n
+
+    def for_work(self, work: int) -> None:
+        """Pool size for a product of ``work`` multiply-adds."""
+        self.want(1 if work < BLAS_PARALLEL_WORK else self.bound)
+
+    def end(self, saved: int | None) -> None:
+        """Restore the setting :meth:`begin` returned."""
+        if saved is not None and saved != self.current:
+            for lib in self._controllers():
+                lib.set_num_threads(saved)
+        self.current = saved
+
+
+BLAS = BlasThreads()
