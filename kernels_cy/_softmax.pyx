@@ -1,11 +1,12 @@
 # cython: boundscheck=False, wraparound=False, initializedcheck=False, cdivision=True
-"""Numerically stable softmax over the last axis (rows are the flattened leading axes)."""
+"""Numerically stable softmax over the last axis (rows are the flattened leading axes),
+and the logistic sigmoid."""
 from cython.parallel cimport prange
-from libc.math cimport INFINITY
+from libc.math cimport INFINITY, expf
 
 include "_common.pxi"
 
-__all__ = ["softmax"]
+__all__ = ["sigmoid", "softmax"]
 
 
 cdef inline void _softmax_row(const float* x, float* y, Py_ssize_t n) noexcept nogil:
@@ -43,4 +44,20 @@ def softmax(x, out, num_threads=None):
     with nogil:
         for r in prange(rows, num_threads=nt, schedule="static"):
             _softmax_row(&xv[r, 0], &ov[r, 0], n)
+    return out
+
+
+def sigmoid(x, out):
+    """``out = 1 / (1 + exp(-x))`` elementwise; x, out: float32 1-D C-contiguous (``out`` may
+    be ``x``). Saturates to 0 and 1 without floating-point warnings."""
+    cdef str k = "sigmoid"
+    cdef cnp.ndarray xa = _f32(x, k, "x", 1)
+    cdef cnp.ndarray oa = _f32(out, k, "out", 1, writable=True)
+    _same_shape(xa, oa, k, "x", "out")
+    cdef const float* xp = <const float*>cnp.PyArray_DATA(xa)
+    cdef float* op = <float*>cnp.PyArray_DATA(oa)
+    cdef Py_ssize_t n = xa.shape[0], i
+    with nogil:
+        for i in range(n):
+            op[i] = 1.0 / (1.0 + expf(-xp[i]))
     return out

@@ -121,7 +121,13 @@ def test_demo_runs_end_to_end(tmp_path):
     text = out.getvalue()
     assert (tmp_path / "demo" / "decoder.onnx").exists()
     assert (tmp_path / "demo" / "decoder.standard.onnx").exists()
-    assert "6. onnxruntime decoded 8 tokens" in text
+    assert "cache buffers kept their addresses across every step: yes" in text
+    assert "8. onnxruntime on the standard export: the same 24 tokens" in text
+    table = text.split("on onnxforge's CPU backend")[1].split("cache buffers kept")[0]
+    steps = [row.split() for row in table.splitlines() if row.split()[:1] and row.split()[0].isdigit()]
+    assert len(steps) == 24
+    assert all(row[-1] == "0" for row in steps)  # no payload byte copied in any step
+    assert len({row[-2] for row in steps[1:]}) == 1  # one-token steps allocate the same bytes
 
 
 def test_optimize_reports_and_preserves_declarations(tmp_path, capsys):

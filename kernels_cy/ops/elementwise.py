@@ -7,9 +7,12 @@ from typing import Any
 
 import numpy as np
 
+from onnxforge.kernels_cy.ops import fast
 from onnxforge.kernels_cy.ops.base import Kernel, NodeSpec, register
 from onnxforge.proto_ext.dtypes import np_dtype
 from onnxforge.proto_ext.errors import CodecError
+
+F32 = np.dtype(np.float32)
 
 __all__: list[str] = []
 
@@ -85,6 +88,10 @@ class Relu(Kernel):
 @register("", "Sigmoid")
 class Sigmoid(Kernel):
     def run(self, x):
+        if fast.sigmoid is not None and x.dtype == F32 and x.flags.c_contiguous:
+            out = np.empty(x.shape, dtype=F32)
+            fast.sigmoid(x.reshape(-1), out.reshape(-1))
+            return out
         # 1 / (1 + exp(-x)) without overflow warnings for large |x|
         with np.errstate(over="ignore"):
             out = np.exp(-x)

@@ -88,6 +88,7 @@ for _n in ("Softmax", "LogSoftmax", "Hardmax"):
 
 _REDUCE = {"ReduceSum": np.sum, "ReduceMean": np.mean, "ReduceMax": np.max, "ReduceMin": np.min,
            "ReduceProd": np.prod}
+_UFUNC = {"ReduceSum": np.add, "ReduceMax": np.maximum, "ReduceMin": np.minimum, "ReduceProd": np.multiply}
 _AXES_AS_INPUT = {"ReduceSum": 13}
 
 
@@ -123,6 +124,9 @@ class _Reduce(Kernel):
             return np.full(shape, fill, dtype=x.dtype)
         if self.op == "ReduceMean" and x.dtype.kind == "f":
             return np.asarray(np.mean(x, axis=t, keepdims=bool(self.keep), dtype=x.dtype))
+        uf = _UFUNC.get(self.op)
+        if uf is not None and x.dtype != np.bool_:  # the ufunc directly: no wrapper layers
+            return np.asarray(uf.reduce(x, axis=t, keepdims=bool(self.keep))).astype(x.dtype, copy=False)
         return np.asarray(_REDUCE[self.op](x, axis=t, keepdims=bool(self.keep))).astype(x.dtype, copy=False)
 
 

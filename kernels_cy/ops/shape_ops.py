@@ -244,6 +244,11 @@ class GatherND(Kernel):
         b = self.b
         idx = np.asarray(idx, dtype=np.int64)
         k = idx.shape[-1]
+        if b == 0 and 0 < k <= x.ndim:  # one fancy index (numpy wraps negatives, checks the range)
+            try:
+                return np.ascontiguousarray(x[tuple(idx[..., j] for j in range(k))])
+            except IndexError:
+                raise self.error(f"GatherND index out of range for data shape {list(x.shape)}") from None
         bshape = x.shape[:b]
         nb = int(np.prod(bshape, dtype=np.int64))
         xr = x.reshape((nb,) + x.shape[b:])
@@ -350,7 +355,7 @@ class Split(Kernel):
         lo = 0
         for size in (split.tolist() if isinstance(split, np.ndarray) else split):
             hi = lo + int(size)
-            outs.append(np.ascontiguousarray(x[lead + (slice(lo, hi),)]))
+            outs.append(np.array(x[lead + (slice(lo, hi),)], copy=True))  # a new buffer, never a view
             lo = hi
         return tuple(outs)
 
