@@ -26,6 +26,7 @@ divided by the fewest nodes of a peer whose output is correct.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import os
@@ -213,7 +214,8 @@ def measure(name: str, path: Path, feeds: list[dict[str, np.ndarray]], tools: tu
         out = workdir / f"{name}.{tool}.onnx"
         try:
             prepare, run, save = _FACTORIES[tool](path)
-            seconds, result = _best_fresh(prepare, run, repeat)
+            with contextlib.redirect_stdout(sys.stderr):  # peers' chatter stays out of the table
+                seconds, result = _best_fresh(prepare, run, repeat)
             cell.ms = seconds * 1e3
             save(result, out)
             cell.nodes = model_nodes(onnx.load_model(str(out), load_external_data=False))
@@ -248,7 +250,8 @@ def warm_up(tools: tuple[str, ...], path: Path) -> None:
     for tool in tools:
         prepare, run, _ = _FACTORIES[tool](path)
         try:
-            run(prepare())
+            with contextlib.redirect_stdout(sys.stderr):
+                run(prepare())
         except Exception:  # a tool that fails here is measured (and reported) on its row
             pass
 

@@ -7,3 +7,6 @@ if __name__ != "onnxforge.kernels_cy":  # the folder imported under its bare nam
     )
 
 from onnxforge.kernels_cy import threads as _threads  # noqa: E402,F401  (OpenMP wait policy first)
+from onnxforge.kernels_cy.decoder_fn import install as _install_decoder_runner  # noqa: E402
+
+_install_decoder_runner()

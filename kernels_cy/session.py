@@ -73,6 +73,11 @@ class _InputSpec:
     shape: tuple | None
     read_write: bool
     default: np.ndarray | None
+    fixed: tuple[tuple[int, int], ...] = ()  # (axis, size) of every concrete dimension
+
+    def __post_init__(self) -> None:
+        if self.shape is not None:
+            self.fixed = tuple((i, d) for i, d in enumerate(self.shape) if isinstance(d, int) and d >= 0)
 
 
 def backend_ops() -> list[tuple[str, str]]:
@@ -175,8 +180,10 @@ class InferenceSession:
             if x.ndim != len(s.shape):
                 raise FeedError(f"input {s.name!r}: rank {x.ndim} (shape {list(x.shape)}) but the model "
                                 f"declares rank {len(s.shape)} {list(s.shape)}")
-            for i, (d, n) in enumerate(zip(s.shape, x.shape)):
-                if isinstance(d, int) and d >= 0 and d != n:
+            shape = x.shape
+            for i, d in s.fixed:
+                n = shape[i]
+                if d != n:
                     raise FeedError(f"input {s.name!r}: dimension {i} is {n} but the model declares {d} "
                                     f"(shape {list(x.shape)} vs {list(s.shape)})")
         return x

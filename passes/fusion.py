@@ -47,7 +47,7 @@ from onnxforge.passes.invariants import containers
 from onnxforge.passes.manager import Pass, PassResult, register_pass
 from onnxforge.passes.rename import NameScope, can_replace, replace_value
 from onnxforge.passes.rewrite import Const, Match, Pattern, Rule, RuleTable, apply_rules
-from onnxforge.passes.shape_fold import shapes_for_rewrite
+from onnxforge.passes.shape_fold import LazyShapes, shapes_for_rewrite
 from onnxforge.proto_ext.types import TensorType
 
 __all__ = ["FUSION_RULES", "FusionPass", "SliceSplitPass", "fuse", "merge_complementary_slices"]
@@ -216,7 +216,7 @@ FUSION_RULES: RuleTable = RuleTable([*_conv_rules(), *_gemm_rules()])
 """Conv/ConvTranspose + BatchNormalization / per-channel Mul / Add, and MatMul + Add -> Gemm."""
 
 
-def fuse(model: Model, shapes: ShapesContext | None = None) -> int:
+def fuse(model: Model, shapes: ShapesContext | LazyShapes | None = None) -> int:
     """Apply :data:`FUSION_RULES` to a fixed point; new weights become initializers.
     Returns the number of fusions."""
     return apply_rules(model, FUSION_RULES, shapes=shapes, lift=True)
@@ -234,7 +234,7 @@ class FusionPass(Pass):
     runs_after = ("inline", "constant_folding")
 
     def call(self, model: Model) -> PassResult:
-        return PassResult(model, fuse(model, shapes_for_rewrite(self.analyses, model)) > 0)
+        return PassResult(model, fuse(model, LazyShapes(self.analyses, model)) > 0)
 
 
 

@@ -53,7 +53,7 @@ from onnxforge.passes.invariants import containers
 from onnxforge.passes.manager import Pass, PassResult, check_int_option, register_pass
 from onnxforge.passes.records import make_attrs
 from onnxforge.passes.rename import NameScope, can_replace, erase_node, replace_value
-from onnxforge.passes.shape_fold import shapes_for_rewrite
+from onnxforge.passes.shape_fold import LazyShapes
 from onnxforge.proto_ext.types import TensorType
 
 __all__ = [
@@ -151,7 +151,7 @@ class Match:
 
     __slots__ = ("_scope", "_shapes", "consts", "matched", "new_nodes", "nodes", "root", "values")
 
-    def __init__(self, root: Node, scope: Callable[[], NameScope], shapes: ShapesContext | None = None):
+    def __init__(self, root: Node, scope: Callable[[], NameScope], shapes: ShapesContext | LazyShapes | None = None):
         self.root = root
         self._shapes = shapes
         self.values: dict[str, Value] = {}
@@ -343,7 +343,7 @@ class _Matcher:
 
 
 class _Driver:
-    def __init__(self, model: Model, table: RuleTable, shapes: ShapesContext | None = None):
+    def __init__(self, model: Model, table: RuleTable, shapes: ShapesContext | LazyShapes | None = None):
         self.model = model
         self.table = table
         self.shapes = shapes
@@ -446,7 +446,7 @@ def _as_table(table: RuleTable | Iterable[Rule] | None) -> RuleTable:
 
 
 def apply_rules(model: Model, table: RuleTable | Iterable[Rule] | None = None, *,
-                max_rewrites: int | None = None, shapes: ShapesContext | None = None,
+                max_rewrites: int | None = None, shapes: ShapesContext | LazyShapes | None = None,
                 lift: bool = False) -> int:
     """Apply ``table`` (default :data:`DEFAULT_RULES`) everywhere until no rule applies.
 
@@ -857,6 +857,6 @@ class RewritePass(Pass):
         self.max_rewrites = max_rewrites
 
     def call(self, model: Model) -> PassResult:
-        shapes = shapes_for_rewrite(self.analyses, model)
+        shapes = LazyShapes(self.analyses, model)
         return PassResult(model, apply_rules(model, self.table, max_rewrites=self.max_rewrites,
                                              shapes=shapes, lift=True) > 0)

@@ -29,6 +29,7 @@ Before / after (``x: FLOAT[2, n, 8]``)::
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 from onnx import TensorProto
@@ -52,7 +53,7 @@ from onnxforge.passes.manager import Pass, PassResult, check_int_option, registe
 from onnxforge.passes.rename import NameScope, can_replace, erase_node, replace_value
 from onnxforge.proto_ext.types import TensorType
 
-__all__ = ["ShapeFoldPass", "fold_shapes", "shapes_for_rewrite"]
+__all__ = ["LazyShapes", "ShapeFoldPass", "fold_shapes", "shapes_for_rewrite"]
 
 Container = Graph | Function
 
@@ -256,6 +257,23 @@ def shapes_for_rewrite(analyses: AnalysisManager | None, model: Model) -> Shapes
         return am.get("shapes", model).scratch()
     except ShapeError:
         return None
+
+
+class LazyShapes:
+    """The ``shapes`` answers a rewrite asks for, inferred on the first question: most
+    rewrites never ask, and inference costs a walk of the whole model. Inferred on a
+    partly rewritten model, the types still hold (rewrites keep every value's meaning)."""
+
+    def __init__(self, analyses: AnalysisManager | None, model: Model):
+        self._analyses, self._model = analyses, model
+        self._ctx: ShapesContext | None = None
+        self._asked = False
+
+    def type_of(self, v: Value) -> Any:
+        if not self._asked:
+            self._asked = True
+            self._ctx = shapes_for_rewrite(self._analyses, self._model)
+        return None if self._ctx is None else self._ctx.type_of(v)
 
 
 def fold_shapes(model: Model, ctx: ShapesContext | None = None, *, max_elements: int = 128) -> int:

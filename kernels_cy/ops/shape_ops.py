@@ -214,6 +214,8 @@ class Gather(Kernel):
         self.axis = spec.int("axis", 0)
 
     def run(self, x, idx):
+        if not -x.ndim <= self.axis < x.ndim:
+            raise self.error(f"Gather axis {self.axis} is out of range for rank {x.ndim}")
         a = self.axis % x.ndim
         try:  # numpy's take checks the range and wraps negative indices like ONNX
             return np.asarray(np.take(x, idx, axis=a))

@@ -22,7 +22,7 @@ from onnxforge.proto_ext.errors import CodecError, VerificationError
 from onnxforge.proto_ext.catalogue import Catalogue
 from onnxforge.proto_ext.codecs.affine import affine_decode
 from onnxforge.proto_ext.codecs.records import read_fields
-from onnxforge.proto_ext.codecs.registry import get_decoder
+from onnxforge.proto_ext.codecs.registry import function_runner, get_decoder
 from onnxforge.proto_ext.dtypes import NUMPY_DTYPES
 from onnxforge.proto_ext.sizes import record_layout
 from onnxforge.proto_ext.types import EncodedValue, TensorType
@@ -57,7 +57,8 @@ def _logical_shape(header: EncodedValue, path: str) -> tuple[int, ...] | None:
 
 
 def run_decoder_function(decoder_proto: bytes, fields: dict[str, np.ndarray], path: str) -> np.ndarray:
-    """Run a decoder FunctionProto with ``onnx.reference`` (inputs named by leaf path)."""
+    """Run a decoder FunctionProto (inputs named by leaf path) with the registered runner
+    (``registry.register_function_runner``), else with ``onnx.reference``."""
     import onnx
     from onnx.reference import ReferenceEvaluator
 
@@ -74,6 +75,9 @@ def run_decoder_function(decoder_proto: bytes, fields: dict[str, np.ndarray], pa
         [onnx.helper.make_empty_tensor_value_info(i) for i in fn.input],
         [onnx.helper.make_empty_tensor_value_info(o) for o in fn.output])
     wrapper = onnx.helper.make_model(graph, opset_imports=list(fn.opset_import))
+    runner = function_runner()
+    if runner is not None:  # a backend registered itself (it receives the wrapper model's bytes)
+        return np.asarray(runner(wrapper.SerializeToString(), list(fn.input), fields, path))
     try:
         result = ReferenceEvaluator(wrapper).run(None, {i: np.ascontiguousarray(fields[i]) for i in fn.input})
     except Exception as exc:  # the evaluator raises many kinds for a bad function body

@@ -23,11 +23,15 @@ from onnxforge.proto_ext.errors import CodecError
 from onnxforge.proto_ext.sizes import RecordLayout
 from onnxforge.proto_ext.types import type_name
 
-__all__ = ["NativeDecoder", "register_decoder", "get_decoder", "registered_formats", "unregister_decoder"]
+__all__ = ["NativeDecoder", "register_decoder", "get_decoder", "registered_formats", "unregister_decoder",
+           "FunctionRunner", "register_function_runner", "function_runner"]
 
 # leaf path -> (elem_type or None for "any", shape per record or None for "any")
 Expectation = dict[str, tuple[int | None, tuple[int, ...] | None]]
 DecodeFn = Callable[[dict[str, np.ndarray], int, RecordLayout], np.ndarray]
+# (serialized one-graph ModelProto wrapping the decoder FunctionProto, its input names,
+#  leaf arrays by dotted path, path for errors) -> the decoder's one output
+FunctionRunner = Callable[[bytes, list[str], dict[str, np.ndarray], str], np.ndarray]
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,3 +131,20 @@ def _scaled_codebook(fields: dict[str, np.ndarray], n: int, layout: RecordLayout
         raise CodecError(f"codebook index {int(idx.max())} outside a {table.size}-entry codebook")
     return (table[idx] * _scalar(fields, "scale", n)[:, None]).astype(np.float32).reshape(-1)
 
+
+
+_RUNNER: list[FunctionRunner | None] = [None]
+
+
+def register_function_runner(runner: FunctionRunner | None) -> FunctionRunner | None:
+    """Run decoder FunctionProtos with ``runner`` (None: back to ``onnx.reference``);
+    returns the previous runner. A backend registers itself when it is imported, so
+    this layer never imports a backend."""
+    previous = _RUNNER[0]
+    _RUNNER[0] = runner
+    return previous
+
+
+def function_runner() -> FunctionRunner | None:
+    """The registered decoder-function runner, or None (``onnx.reference`` runs them)."""
+    return _RUNNER[0]

@@ -39,6 +39,8 @@ DEBUG_MAX_NODES = 1000
 DEBUG_NAMES = tuple(n for n in NAMES if n != "layout_cdla")
 """... which are all but layout_cdla (1,493 nodes; checked in the test)."""
 
+pytestmark = pytest.mark.slow
+
 XFAIL: dict[tuple[str, str], str] = {}
 """``(test, model) -> reason`` for the checks that onnxforge fails today (strict xfail)."""
 
