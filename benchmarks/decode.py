@@ -225,7 +225,8 @@ def main(argv: list[str] | None = None) -> None:
     contexts = args.contexts or ([64, 256] if args.quick else [64, 256, 1024])
     warm, steps = (10, 30) if args.quick else (30, 100)
     variants = list(args.only or VARIANTS)
-    print(f"threads={args.threads}  ms per decode step (median of {steps}); ratios onnxforge / peer")
+    print(f"threads={args.threads}  ms per decode step (best of {BLOCKS} medians of {steps // BLOCKS}); "
+          "ratios onnxforge / peer")
     print(HEADER)
     bench(variants, contexts, args.threads, warm, steps, cache)
     print(f"peak RSS of the process: {_peak_mb():.0f} MB")

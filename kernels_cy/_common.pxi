@@ -18,6 +18,8 @@ cdef extern from "_simd.h" nogil:
     void of_pv(float* acc, Py_ssize_t ldacc, Py_ssize_t G, const float* p, Py_ssize_t ldp,
                const float* v, Py_ssize_t vs, Py_ssize_t nb, Py_ssize_t d)
     void of_dot4(const float* w, const float* a, Py_ssize_t lda, Py_ssize_t n, float* out)
+    float of_q4dot32(const uint8_t* codes, const float* scales, const uint8_t* zp_packed,
+                     const float* zp_float, const float* a, const float* asum, Py_ssize_t nblk)
     int of_simd_init()
     void of_simd_force_baseline(int on)
     int of_simd_avx2

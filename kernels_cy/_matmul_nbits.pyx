@@ -11,7 +11,9 @@ n_blocks] like the scales. ``w[n, k] = (code - zp) * scale``.
 
 The float weight is never materialized: each thread dequantizes one row of N
 (``4 * (K_padded + 4)`` bytes per thread, allocated once per call) and multiplies it
-with every row of ``a``. Parallel over N. float32 activations only.
+with every row of ``a``. A single activation row with ``block_size`` 32 (a decode
+step) skips the row buffer: per block, ``scale * (codes . a - zero_point * sum(a))``
+straight from the packed codes. Parallel over N. float32 activations only.
 """
 from cython.parallel cimport parallel, prange
 from libc.stdlib cimport malloc, free
@@ -107,6 +109,26 @@ def matmul_nbits(a, b_quant, scales, zero_points, Py_ssize_t K, Py_ssize_t N, ou
     cdef Py_ssize_t kpad = nblk * block_size
     cdef int failed = 0
     cdef int* failp = &failed
+    cdef float* asum = NULL
+    cdef Py_ssize_t kb, i
+    if M == 1 and block_size == 32 and K == kpad:
+        # one activation row: a fused per-block product that never writes a dequantized row
+        asum = <float*>malloc(nblk * sizeof(float))
+        if asum == NULL:
+            raise MemoryError(f"{k}: cannot allocate {nblk * 4} bytes of block sums")
+        with nogil:
+            for kb in range(nblk):
+                acc = 0.0
+                for i in range(32):
+                    acc = acc + ap[kb * 32 + i]
+                asum[kb] = acc
+            for n in prange(N, num_threads=nt, schedule="static"):
+                op[n] = of_q4dot32(bp + n * nblk * half, scp + n * nblk,
+                                   zpu + n * zrow if zpu != NULL else NULL,
+                                   zpf + n * nblk if zpf != NULL else NULL,
+                                   ap, asum, nblk) + (biasp[n] if biasp != NULL else 0.0)
+        free(asum)
+        return out
     with nogil, parallel(num_threads=nt):
         row = <float*>malloc((kpad + 4) * sizeof(float))
         if row == NULL:

@@ -454,4 +454,58 @@ static inline void of_dot4(const float* w, const float* a, ptrdiff_t lda, ptrdif
     OF_DISPATCH(of_dot4_base, of_dot4_avx2, w, a, lda, n, out);
 }
 
+/* One row of a 4-bit MatMulNBits with block_size 32 against one activation row, without
+ * materializing the row: sum over blocks b of s_b * (codes_b . a_b - z_b * asum_b), where
+ * asum_b is the sum of a over block b. codes: 16 bytes per block, low nibble first. */
+static inline float of_q4zp(const uint8_t* zp_packed, const float* zp_float, ptrdiff_t kb) {
+    if (zp_packed) return (float)((zp_packed[kb >> 1] >> ((kb & 1) * 4)) & 15);
+    if (zp_float) return zp_float[kb];
+    return 8.0f;
+}
+static float of_q4dot32_base(const uint8_t* codes, const float* scales, const uint8_t* zp_packed,
+                             const float* zp_float, const float* a, const float* asum, ptrdiff_t nblk) {
+    float total = 0.0f;
+    ptrdiff_t kb, i;
+    for (kb = 0; kb < nblk; ++kb) {
+        const uint8_t* c = codes + kb * 16;
+        const float* ab = a + kb * 32;
+        float d = 0.0f;
+        for (i = 0; i < 16; ++i) d += (float)(c[i] & 15) * ab[2 * i] + (float)(c[i] >> 4) * ab[2 * i + 1];
+        total += scales[kb] * (d - of_q4zp(zp_packed, zp_float, kb) * asum[kb]);
+    }
+    return total;
+}
+#if OF_HAVE_AVX2_CLONE
+static OF_TARGET_AVX2 float of_q4dot32_avx2(const uint8_t* codes, const float* scales,
+                                            const uint8_t* zp_packed, const float* zp_float,
+                                            const float* a, const float* asum, ptrdiff_t nblk) {
+    const __m128i mask = _mm_set1_epi8(15);
+    __m256 tot = _mm256_setzero_ps();
+    float corr = 0.0f;
+    ptrdiff_t kb;
+    for (kb = 0; kb < nblk; ++kb) {
+        float sc = scales[kb];
+        __m128i b = _mm_loadu_si128((const __m128i*)(codes + kb * 16));
+        __m128i lo = _mm_and_si128(b, mask);
+        __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), mask);
+        __m128i p0 = _mm_unpacklo_epi8(lo, hi);   /* codes 0..15 of the block */
+        __m128i p1 = _mm_unpackhi_epi8(lo, hi);   /* codes 16..31 */
+        const float* ab = a + kb * 32;
+        __m256 c = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(p0)), _mm256_loadu_ps(ab));
+        c = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(p0, 8))),
+                            _mm256_loadu_ps(ab + 8), c);
+        c = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(p1)), _mm256_loadu_ps(ab + 16), c);
+        c = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(p1, 8))),
+                            _mm256_loadu_ps(ab + 24), c);
+        tot = _mm256_fmadd_ps(_mm256_set1_ps(sc), c, tot);
+        corr += sc * of_q4zp(zp_packed, zp_float, kb) * asum[kb];
+    }
+    return of_hsum256(tot) - corr;
+}
+#endif
+static inline float of_q4dot32(const uint8_t* codes, const float* scales, const uint8_t* zp_packed,
+                               const float* zp_float, const float* a, const float* asum, ptrdiff_t nblk) {
+    return OF_DISPATCH(of_q4dot32_base, of_q4dot32_avx2, codes, scales, zp_packed, zp_float, a, asum, nblk);
+}
+
 #endif /* ONNXFORGE_SIMD_H */

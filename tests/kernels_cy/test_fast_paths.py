@@ -249,10 +249,10 @@ def test_openmp_wait_policy_is_passive_unless_the_caller_chose(preset, want):
 
 
 def test_blas_threads_are_bounded_for_small_products_and_restored_after_a_run():
-    threadpoolctl = pytest.importorskip("threadpoolctl")
+    import threadpoolctl
+
     libs = [c for c in threadpoolctl.ThreadpoolController().lib_controllers if c.user_api == "blas"]
-    if not libs:
-        pytest.skip("no BLAS library that threadpoolctl controls")
+    assert libs, "numpy's BLAS is not controllable by threadpoolctl"
     before = libs[0].get_num_threads()
     saved = BLAS.begin(1)
     try:
@@ -266,3 +266,32 @@ def test_blas_threads_are_bounded_for_small_products_and_restored_after_a_run():
     a, b = np.ones((2, 3), np.float32), np.ones((3, 4), np.float32)
     InferenceSession(m, threads=1).run(None, {"a": a, "b": b})
     assert libs[0].get_num_threads() == before
+
+
+@pytest.mark.parametrize("baseline", [False, True])
+@pytest.mark.parametrize("zp_kind", [None, "uint8", "float"])
+def test_matmul_nbits_one_row_fused_path_matches_float64(baseline, zp_kind):
+    """M = 1, block 32: the per-block fused product (both vector paths) against float64."""
+    from onnxforge.kernels_cy import _matmul_nbits
+    from tests.kernels_cy import reference as ref
+
+    rng = np.random.default_rng(11)
+    n, k, blk = 37, 160, 32  # 5 blocks: an odd count of packed zero points
+    nblk = k // blk
+    bq = ref.pack_int4(rng.integers(0, 16, size=(n, nblk, blk)))
+    sc = rng.uniform(0.01, 0.2, n * nblk).astype(np.float32)
+    zp = None
+    if zp_kind == "uint8":
+        zp = ref.pack_int4(rng.integers(0, 16, size=(n, nblk + 1))).reshape(n * ((nblk + 1) // 2))
+    elif zp_kind == "float":
+        zp = rng.uniform(0, 15, size=n * nblk).astype(np.float32)
+    a = rng.standard_normal((1, k)).astype(np.float32)
+    bias = rng.standard_normal(n).astype(np.float32)
+    out = np.full((1, n), np.nan, np.float32)
+    _matmul_nbits._force_baseline_simd(baseline)
+    try:
+        _matmul_nbits.matmul_nbits(a, bq, sc, zp, k, n, out, block_size=blk, bias=bias)
+    finally:
+        _matmul_nbits._force_baseline_simd(False)
+    want = a.astype(np.float64) @ ref.dequant_int4(bq, sc, zp, k, blk).T + bias
+    np.testing.assert_allclose(out, want, atol=2e-5, rtol=1e-5)

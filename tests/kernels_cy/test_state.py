@@ -314,7 +314,7 @@ def test_a_state_collected_without_close_releases_its_buffers():
 
 
 def test_torch_initial_values_are_retained_through_dlpack():
-    torch = pytest.importorskip("torch")
+    import torch
     cache = torch.zeros((1, 8, 4), dtype=torch.float32)
     st = make_state(_cache_model(), initial={"cache": cache})
     assert st.addresses()["cache"] == cache.data_ptr()
