@@ -18,7 +18,6 @@ outer values they capture; the owning step receives those values as inputs.
 """
 from __future__ import annotations
 
-import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -26,10 +25,13 @@ from typing import Any
 import numpy as np
 
 from onnxforge.graphbuilder.ir import AttrType, Function, Graph, Model, Node, Value
+from onnxforge.graphbuilder.storage import Storage
 from onnxforge.graphbuilder.tensors import EncodedTensor, Tensor
 from onnxforge.kernels_cy.errors import BackendError, UnsupportedOperatorError
 from onnxforge.kernels_cy.ops.base import REGISTRY, Kernel, NodeSpec, norm_domain
 from onnxforge.kernels_cy.plan import Counters, Program
+from onnxforge.passes.topo import CycleError
+from onnxforge.passes.topo import schedule as topo_schedule
 from onnxforge.proto_ext.errors import OnnxforgeError
 from onnxforge.proto_ext.types import TensorType
 
@@ -76,56 +78,21 @@ def captured_values(graph: Graph) -> list[Value]:
     return list(seen.values())
 
 
-def schedule(body: Body, writer_of: Any = None) -> list[Node]:
+def schedule(body: Body, storage: Storage | None = None) -> list[Node]:
     """Topological order of ``body``: data dependencies first, and every reader of a
-    version of storage before the node writing that version in place (L13).
-
-    ``writer_of(v)`` returns the node writing ``v`` in place (``Effects.writer``), or
-    None; without it, MUST_ALIAS ports of the body's nodes are used. Stable: among
-    ready nodes, the earliest in the body goes first.
-    """
-    nodes = list(body)
-    pos = {id(n): i for i, n in enumerate(nodes)}
-    preds: list[set[int]] = [set() for _ in nodes]
-    writers: dict[int, int] = {}
-    if writer_of is None:
-        for i, n in enumerate(nodes):
-            for a in n.output_alias:
-                if a.kind == 1 and 0 <= a.input_index < len(n.inputs) and n.inputs[a.input_index] is not None:
-                    writers.setdefault(id(n.inputs[a.input_index]), i)
-    reads = [_reads(n) for n in nodes]
-    for i, n in enumerate(nodes):
-        for v in reads[i]:
-            p = v.producer()
-            if p is not None and id(p) in pos and p is not n:
-                preds[i].add(pos[id(p)])
-            if writer_of is not None:
-                w = writer_of(v)
-                j = pos.get(id(w)) if w is not None else None
-            else:
-                j = writers.get(id(v))
-            if j is not None and j != i:
-                preds[j].add(i)
-    users: list[list[int]] = [[] for _ in nodes]
-    indeg = [len(p) for p in preds]
-    for i, pred in enumerate(preds):
-        for j in pred:
-            users[j].append(i)
-    ready = [i for i, d in enumerate(indeg) if d == 0]
-    heapq.heapify(ready)
-    out: list[Node] = []
-    while ready:
-        i = heapq.heappop(ready)
-        out.append(nodes[i])
-        for u in users[i]:
-            indeg[u] -= 1
-            if indeg[u] == 0:
-                heapq.heappush(ready, u)
-    if len(out) != len(nodes):
-        stuck = [nodes[i] for i, d in enumerate(indeg) if d > 0][:3]
-        raise BackendError(f"{body.path()}: no schedule puts every reader of a version before its "
-                           f"writer (L13) or the graph has a cycle, through {stuck}")
-    return out
+    version of storage before the node writing that version in place (L13); stable.
+    The order is the topological sort's (``passes.topo.schedule``), computed without
+    reordering the model. ``storage`` (the model's ``Effects``) names the in-place
+    writers; without it, a storage of ``body`` alone is built."""
+    if storage is None:
+        if isinstance(body, Graph):
+            storage = Storage(Model(body))
+        else:
+            storage = Storage(Model(Graph("g"), functions={body.id: body}))
+    try:
+        return topo_schedule(body, storage)
+    except CycleError as exc:
+        raise BackendError(f"no schedule puts every reader of a version before its writer: {exc}") from None
 
 
 def _attr_values(node: Node) -> dict[str, Any]:
@@ -246,8 +213,7 @@ class Compiler:
                 arr = self.constant(v)
                 consts[id(v)] = arr
                 new_slot(v, arr)
-        writer_of = self.effects.writer if self.effects is not None else None
-        order = schedule(body, writer_of)
+        order = schedule(body, self.effects)
         steps: list[tuple[Kernel, list[int], list[int], str, list[bool], Node]] = []
         group: dict[int, int] = {}
         for k, node in enumerate(order):

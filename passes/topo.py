@@ -33,7 +33,7 @@ from onnxforge.graphbuilder.storage import Storage
 from onnxforge.passes.invariants import containers, owner_in
 from onnxforge.passes.manager import Pass, PassResult, register_pass
 
-__all__ = ["CycleError", "TopologicalSortPass", "topological_sort"]
+__all__ = ["CycleError", "TopologicalSortPass", "schedule", "topological_sort"]
 
 Container = Graph | Function
 
@@ -85,10 +85,28 @@ def _is_sorted(c: Container) -> bool:
     return True
 
 
+def schedule(c: Container, storage: Storage) -> list[Node]:
+    """The order the sort gives ``c`` (data dependencies, and every reader of a version
+    before its in-place writer; stable), without reordering anything. The backend
+    schedules its plans with it."""
+    extra = _storage_edges(c, storage)
+    if not extra and _is_sorted(c):
+        return list(c)
+    return _order(c, extra)
+
+
 def _sort(c: Container, storage: Storage) -> bool:
     extra = _storage_edges(c, storage)
     if not extra and _is_sorted(c):
         return False
+    order = _order(c, extra)
+    if all(a is b for a, b in zip(order, c)):
+        return False
+    c.reorder(order)
+    return True
+
+
+def _order(c: Container, extra: dict[int, set[int]]) -> list[Node]:
     nodes = list(c)
     position = {id(n): k for k, n in enumerate(nodes)}
     by_id = {id(n): n for n in nodes}
@@ -130,10 +148,7 @@ def _sort(c: Container, storage: Storage) -> bool:
         raise CycleError(f"{c.path()}: {len(stuck)} node(s) depend on each other in a cycle "
                          f"(data, or a reader of a version that depends on its in-place writer: "
                          f"rule L13), e.g. {shown}")
-    if all(a is b for a, b in zip(order, nodes)):
-        return False
-    c.reorder(order)
-    return True
+    return order
 
 
 def topological_sort(model: Model) -> bool:
