@@ -46,7 +46,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 import onnxforge as of  # noqa: E402
-from tests.fixtures.wild import NAMES, fetch_all, random_feeds  # noqa: E402
+from tests.fixtures.wild import NAMES, fetch_all, proto_nodes, random_feeds  # noqa: E402
 
 RTOL = 1e-5
 SIZE_RATIO_MAX = 1.01
@@ -85,18 +85,7 @@ class Row:
         return min(times) if times else None
 
 
-def count_nodes(graph: onnx.GraphProto) -> int:
-    total = 0
-    for node in graph.node:
-        total += 1
-        for attr in node.attribute:
-            subs = ([attr.g] if attr.HasField("g") else []) + list(attr.graphs)
-            total += sum(count_nodes(g) for g in subs)
-    return total
-
-
-def model_nodes(proto: onnx.ModelProto) -> int:
-    return count_nodes(proto.graph) + sum(len(f.node) for f in proto.functions)
+model_nodes = proto_nodes
 
 
 def file_bytes(path: Path) -> int:

@@ -27,6 +27,7 @@ Before / after::
 from __future__ import annotations
 
 from collections.abc import Iterable
+from functools import cache, partial
 
 import numpy as np
 from onnxforge.graphbuilder.ir import (
@@ -270,13 +271,8 @@ class _SliceMerger:
         self.model = model
         self.ctx = ctx
         self.effects = effects
-        self._names: NameScope | None = None
+        self.names = cache(partial(NameScope.from_model, model))  # built when first needed
         self.merged = 0
-
-    def names(self) -> NameScope:
-        if self._names is None:
-            self._names = NameScope.from_model(self.model)
-        return self._names
 
     def run(self, c: Graph | Function) -> None:
         opset = imported_version(opsets_in_scope(self.model, c), "") or 1

@@ -28,6 +28,8 @@ Before / after::
 """
 from __future__ import annotations
 
+from functools import cache, partial
+
 from onnxforge.graphbuilder.ir import (
     Attr,
     AttrType,
@@ -75,13 +77,8 @@ class _IfInliner:
     def __init__(self, model: Model, effects: Effects):
         self.model = model
         self.effects = effects
-        self._names: NameScope | None = None
+        self.names = cache(partial(NameScope.from_model, model))  # built when first needed
         self.inlined = 0
-
-    def names(self) -> NameScope:
-        if self._names is None:
-            self._names = NameScope.from_model(self.model)
-        return self._names
 
     def run(self, c: Container) -> None:
         changed = True

@@ -29,6 +29,7 @@ Before / after (``x: FLOAT[2, n, 8]``)::
 from __future__ import annotations
 
 import math
+from functools import cache, partial
 from typing import Any
 
 import numpy as np
@@ -154,13 +155,8 @@ class _ShapeFolder:
         self.ctx = ctx
         self.effects = effects
         self.max_elements = max_elements
-        self._names: NameScope | None = None
+        self.names = cache(partial(NameScope.from_model, model))  # built when first needed
         self.changed = 0
-
-    def names(self) -> NameScope:
-        if self._names is None:
-            self._names = NameScope.from_model(self.model)
-        return self._names
 
     def run(self, c: Container) -> None:
         opsets = opsets_in_scope(self.model, c)

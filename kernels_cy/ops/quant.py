@@ -42,6 +42,17 @@ def _int_range(dt: np.dtype) -> tuple[float, float] | None:
     return None
 
 
+def _output_dtype(spec: NodeSpec) -> np.dtype | None:
+    """The ``output_dtype`` attribute as a numpy dtype (None when unset), checked at plan time."""
+    od = spec.int("output_dtype", 0)
+    if not od:
+        return None
+    try:
+        return np_dtype(od)
+    except CodecError:
+        raise spec.fail(f"output_dtype={od} names no supported element type") from None
+
+
 @register("", "QuantizeLinear")
 class QuantizeLinear(Kernel):
     def __init__(self, spec: NodeSpec):
@@ -49,13 +60,7 @@ class QuantizeLinear(Kernel):
         self.axis = spec.int("axis", 1)
         self.block = spec.int("block_size", 0)
         self.saturate = spec.int("saturate", 1)
-        od = spec.int("output_dtype", 0)
-        self.out_dtype = None
-        if od:
-            try:
-                self.out_dtype = np_dtype(od)
-            except CodecError:
-                raise spec.fail(f"output_dtype={od} names no supported element type") from None
+        self.out_dtype = _output_dtype(spec)
 
     def run(self, x, scale, zp=None):
         dt = zp.dtype if zp is not None else (self.out_dtype or np.dtype(np.uint8))
@@ -83,13 +88,7 @@ class DequantizeLinear(Kernel):
         super().__init__(spec)
         self.axis = spec.int("axis", 1)
         self.block = spec.int("block_size", 0)
-        od = spec.int("output_dtype", 0)
-        self.out_dtype = None
-        if od:
-            try:
-                self.out_dtype = np_dtype(od)
-            except CodecError:
-                raise spec.fail(f"output_dtype={od} names no supported element type") from None
+        self.out_dtype = _output_dtype(spec)
 
     def run(self, x, scale, zp=None):
         s = expand_params(np.asarray(scale), x.shape, self.axis, self.block)

@@ -30,7 +30,7 @@ import onnxruntime as ort
 import pytest
 
 import onnxforge as of
-from tests.fixtures.wild import BY_NAME, NAMES, random_feeds
+from tests.fixtures.wild import BY_NAME, NAMES, proto_nodes, random_feeds
 
 SIZE_RATIO_MAX = 1.01
 RTOL = 1e-5
@@ -50,21 +50,10 @@ def _params(test: str, names: tuple[str, ...] = NAMES) -> list[object]:
             if (test, n) in XFAIL else n for n in names]
 
 
-def count_nodes(graph: onnx.GraphProto) -> int:
-    """Nodes of ``graph`` and of every graph nested in its nodes' attributes."""
-    total = 0
-    for node in graph.node:
-        total += 1
-        for attr in node.attribute:
-            subs = ([attr.g] if attr.HasField("g") else []) + list(attr.graphs)
-            total += sum(count_nodes(g) for g in subs)
-    return total
-
-
 def model_nodes(path: str | os.PathLike[str]) -> int:
     """Nodes of the model file at ``path`` in all graphs and local functions."""
     proto = onnx.load_model(str(path), load_external_data=False)
-    return count_nodes(proto.graph) + sum(len(f.node) for f in proto.functions)
+    return proto_nodes(proto)
 
 
 @dataclass
