@@ -55,6 +55,6 @@ packages, package_dir = _packages()
 setup(
     packages=packages,
     package_dir=package_dir,
-    package_data={"onnxforge": ["py.typed"]},
+    package_data={"onnxforge": ["py.typed"], "onnxforge.kernels_cy": ["*.h", "*.pxi", "*.pyx"]},
     ext_modules=_extensions(),
 )

@@ -266,6 +266,45 @@ def _slice_range(n: Node, dims: tuple[object, ...]) -> tuple[int, int, int] | No
     return a, s, e
 
 
+def _slice_params(n: Node, rank: int | None) -> tuple[np.ndarray, ...] | None:
+    """``(starts, ends, axes, steps)`` of a Slice (opset >= 10 form) with constant
+    parameters, as int64 arrays with non-negative axes; None otherwise."""
+    if len(n.inputs) < 3 or len(n.inputs) > 5 or n.attributes:
+        return None
+    vals = [constant_value(v) if v is not None else None for v in n.inputs[1:]]
+    vals += [None] * (4 - len(vals))
+    if any(v is None for v, x in zip(vals, n.inputs[1:]) if x is not None) or vals[0] is None or vals[1] is None:
+        return None
+    if any(v is not None and (v.ndim != 1 or v.dtype.kind not in "iu") for v in vals):
+        return None
+    starts, ends = vals[0].astype(np.int64), vals[1].astype(np.int64)
+    k = starts.size
+    axes = np.arange(k, dtype=np.int64) if vals[2] is None else vals[2].astype(np.int64)
+    steps = np.ones(k, np.int64) if vals[3] is None else vals[3].astype(np.int64)
+    if ends.size != k or axes.size != k or steps.size != k or k == 0 or (steps == 0).any():
+        return None
+    if (axes < 0).any():
+        if rank is None:
+            return None
+        axes = np.where(axes < 0, axes + rank, axes)
+    if len(set(axes.tolist())) != k or (rank is not None and ((axes < 0) | (axes >= rank)).any()):
+        return None
+    return starts, ends, axes, steps
+
+
+def _full_range(params: tuple[np.ndarray, ...], dims: tuple[object, ...] | None) -> bool:
+    """Whether a Slice with these (normalized) parameters keeps every element."""
+    for s, e, ax, st in zip(*(p.tolist() for p in params)):
+        d = dims[ax] if dims is not None and ax < len(dims) else None
+        if st != 1:
+            return False
+        if not (s == 0 or (type(d) is int and s <= -d)):
+            return False
+        if not (e >= 1 << 62 or (type(d) is int and e >= d)):
+            return False
+    return True
+
+
 class _SliceMerger:
     def __init__(self, model: Model, ctx: ShapesContext, effects: Effects):
         self.model = model
@@ -278,6 +317,9 @@ class _SliceMerger:
         opset = imported_version(opsets_in_scope(self.model, c), "") or 1
         if opset < 10:
             return
+        for n in list(c):
+            if n.graph is c and n.op_type == "Slice" and n.domain in DEFAULT_DOMAINS:
+                self.try_compose(c, n)
         seen: set[int] = set()
         for n in list(c):
             if n.graph is not c or n.op_type != "Slice" or n.domain not in DEFAULT_DOMAINS:
@@ -287,6 +329,51 @@ class _SliceMerger:
                 continue
             seen.add(id(t))
             self.try_merge(c, t, opset)
+
+    def _constant(self, c: Graph | Function, anchor: Node, base: str, array: np.ndarray) -> Value:
+        tensor = Tensor.from_numpy(array)
+        v = Value(self.names().fresh(base), TensorType(tensor.dtype, tensor.dims))
+        if isinstance(c, Graph):
+            c.add_initializer(v, tensor)
+        else:
+            c.insert_before(anchor, Node("", "Constant", [], [v], name=v.name,
+                                         attributes=[Attr("value", AttrType.TENSOR, tensor)]))
+        return v
+
+    def try_compose(self, c: Graph | Function, n: Node) -> None:
+        """``Slice(Slice(x, ...), ...)`` on disjoint axes -> one ``Slice(x, ...)``."""
+        t = n.inputs[0] if n.inputs else None
+        p = t.producer() if t is not None else None
+        if (p is None or p.op_type != "Slice" or p.domain not in DEFAULT_DOMAINS or p.graph is not c
+                or t.num_uses() != 1 or c.is_output(t) or self.effects.has_side_effects(p)
+                or self.effects.has_side_effects(n) or p.inputs[0] is None):
+            return
+        shape = self.ctx.shape_of(p.inputs[0])
+        rank = None if shape is None else len(shape)
+        a, b = _slice_params(p, rank), _slice_params(n, rank)
+        if a is None or b is None or set(a[2].tolist()) & set(b[2].tolist()):
+            return
+        if _full_range(a, shape) or _full_range(b, self.ctx.shape_of(t)):
+            return  # a no-op Slice goes in the rewrite; composing would keep it
+        out = n.outputs[0]
+        name = n.name or "Slice"
+        params = [self._constant(c, n, f"{name}_{k}", np.concatenate([x, y]))
+                  for k, x, y in zip(("starts", "ends", "axes", "steps"), a, b)]
+        new = Node("", "Slice", [p.inputs[0], *params], [Value(self.names().fresh(out.name or name), out.type)],
+                   name=self.names().fresh(name))
+        c.insert_before(n, new)
+        if not (can_replace(out, new.outputs[0]) and replace_value(out, new.outputs[0])):
+            c.remove(new, safe=False)
+            for v in params:
+                if isinstance(c, Graph):
+                    c.remove_initializer(v)
+                else:
+                    c.remove(v.producer(), safe=False)
+            return
+        c.remove(n, safe=False)
+        if not t.num_uses():
+            c.remove(p, safe=False)
+        self.merged += 1
 
     def try_merge(self, c: Graph | Function, t: Value, opset: int) -> None:
         dims = self.ctx.shape_of(t)
@@ -355,16 +442,21 @@ def merge_complementary_slices(model: Model, ctx: ShapesContext | None = None) -
 
 @register_pass
 class SliceSplitPass(Pass):
-    """Complementary Slices -> Split.
+    """Complementary Slices -> Split; a Slice of a Slice on other axes -> one Slice.
 
     Before / after (``t: [b, 4, s, 32]``)::
 
         lo = Slice(t, [0], [16], [3])         lo, hi = Split(t, [16, 16], axis=3)
         hi = Slice(t, [16], [INT64_MAX], [3])
+
+        u = Slice(t, [0], [2], [1])           w = Slice(t, [0, 1], [2, 9], [1, 2])
+        w = Slice(u, [1], [9], [2])           (u read by w alone)
     """
 
     name = "slice_split"
-    runs_after = ("inline", "constant_folding")
+    # after the first constant folding (Slice bounds are constants by then), and before the
+    # last one, which folds a Split of a weight without growing the model
+    runs_after = ("inline",)
 
     def call(self, model: Model) -> PassResult:
         ctx = shapes_for_rewrite(self.analyses, model)

@@ -8,10 +8,13 @@ satisfies every pass's ordering constraints and loses nothing:
 3. ``constant_folding``  — Constant nodes become initializers, constant nodes are evaluated;
 4. ``shape_folding``     — shape computations the ``shapes`` analysis knows become constants;
 5. ``if_inlining``       — ``If`` nodes whose condition became constant give way to their branch;
-6. ``constant_folding``  — the shape arithmetic left on the new constants, and inlined branches;
-7. ``identity_elimination``;
-8. ``fusion``            — Conv + BatchNormalization / Mul / Add, MatMul + Add -> Gemm;
-9. ``slice_split``       — Slices of one value that cover one axis in pieces -> one Split;
+6. ``slice_split``       — Slices of one value that cover one axis in pieces -> one Split
+   (before folding: Slices of one weight fold one by one only if they grow the model, one
+   Split of it folds without growth);
+7. ``constant_folding``  — the shape arithmetic left on the new constants, inlined branches,
+   and Splits of weights;
+8. ``identity_elimination``;
+9. ``fusion``            — Conv + BatchNormalization / Mul / Add, MatMul + Add -> Gemm;
 10. ``dedup_initializers`` — equal initializers merge (inlined branches' ones too), so that
 11. ``cse``              — nodes reading them merge too;
 12. ``rewrite``          — algebraic and no-op rules (``Max(x, x) -> x``, full-range Slice...);
@@ -40,10 +43,10 @@ DEFAULT_PIPELINE: tuple[str, ...] = (
     "constant_folding",
     "shape_folding",
     "if_inlining",
+    "slice_split",
     "constant_folding",
     "identity_elimination",
     "fusion",
-    "slice_split",
     "dedup_initializers",
     "cse",
     "rewrite",

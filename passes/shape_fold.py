@@ -14,6 +14,16 @@ constants is left to ``constant_folding``.
 becomes ``Shape(x, start=s, end=e)`` at opset >= 15 (both clamp the same way:
 ``shape[s:e]`` in Python slice semantics).
 
+A ``Reshape`` target computed at run time whose entries the analysis knows
+except for one becomes a constant with ``-1`` there, when every other entry is
+a positive number (Reshape requires the element counts to agree, so the
+inferred entry is the one the computation produced); entries equal to the
+input's dimension at the same position become ``0`` (copy, ``allowzero=0``)::
+
+    x: FLOAT[n, 200, 1, 1]                 y = Reshape(x, [-1, 200])
+    t = Concat(Cast(Slice(Shape(x), 0, 1)), [200])
+    y = Reshape(x, t)
+
 Only integer and boolean results are folded (the analysis computes them
 exactly); nodes with side effects, random operators, nodes owning subgraphs
 and graph outputs are left alone; values are forwarded with
@@ -44,6 +54,8 @@ from onnxforge.graphbuilder.ir import (
     Value,
 )
 from onnxforge.graphbuilder.shapes import ShapeError, ShapesContext
+from onnxforge.graphbuilder.symexpr import SymExpr
+from onnxforge.graphbuilder.symparse import parse_dim
 from onnxforge.graphbuilder.tensors import Tensor
 from onnxforge.passes.analysis import AnalysisManager
 from onnxforge.passes.domains import DEFAULT_DOMAINS, imported_version, opsets_in_scope
@@ -90,6 +102,18 @@ def _shape_range(node: Node, rank: int) -> tuple[int, int]:
     start = min(max(start + rank if start < 0 else start, 0), rank)
     end = min(max(end + rank if end < 0 else end, 0), rank)
     return start, end
+
+
+def _same_dim(dim: object, e: SymExpr) -> bool:
+    """Whether a type's dimension (int or symbol name) is the symbolic value ``e``."""
+    if isinstance(dim, int):
+        return False  # a concrete dimension gives a concrete entry
+    if isinstance(dim, str):
+        try:
+            return parse_dim(dim) == e
+        except ValueError:
+            return False
+    return isinstance(dim, SymExpr) and dim == e
 
 
 def _shape_dims(ctx: ShapesContext, node: Node) -> list[object] | None:
@@ -178,6 +202,8 @@ class _ShapeFolder:
                 self.fold(c, n, known)
             elif n.op_type == "Slice" and opset >= 15:
                 self.slice_of_shape(c, n)
+            elif n.op_type == "Reshape":
+                self.reshape_target(c, n)
 
     def _constant(self, c: Container, anchor: Node, array: np.ndarray, like: Value) -> Value:
         name = self.names().fresh(like.name or f"{anchor.op_type}_folded")
@@ -207,6 +233,39 @@ class _ShapeFolder:
             done = True
         if done:
             self.changed += 1
+
+    def reshape_target(self, c: Container, n: Node) -> None:
+        """``Reshape(x, t)`` with ``t`` known but for one entry -> ``Reshape(x, constant)``."""
+        if len(n.inputs) != 2 or int(n.attr("allowzero", 0) or 0) != 0 or n.inputs[1] is None:
+            return
+        x, target = n.inputs
+        if constant_value(target) is not None:
+            return
+        st = self.ctx.value_of(target)
+        if st is None or len(st.shape) != 1 or st.size == 0:
+            return
+        dims = self.ctx.shape_of(x)
+        new: list[int] = []
+        unknown = 0
+        for i, e in enumerate(st.flat()):
+            if e is not None and not isinstance(e, SymExpr):
+                new.append(int(e))
+            elif e is not None and dims is not None and i < len(dims) and _same_dim(dims[i], e):
+                new.append(0)
+            else:
+                unknown += 1
+                new.append(-1)
+        if unknown > 1 or (unknown == 1 and any(v <= 0 for i, v in enumerate(new)
+                                                 if st.flat()[i] is not None
+                                                 and not isinstance(st.flat()[i], SymExpr))):
+            return  # -1 infers the entry only when every other one is a known positive size
+        if unknown == 1 and new.count(0):
+            return  # a copied dimension may be 0 at run time, and -1 cannot be inferred then
+        if any(v < -1 for v in new) or new.count(-1) > 1:
+            return
+        const = self._constant(c, n, np.array(new, dtype=np.int64), target)
+        n.set_input(1, const)
+        self.changed += 1
 
     def slice_of_shape(self, c: Container, n: Node) -> None:
         """``Slice(Shape(x), [s], [e], [0], [1])`` -> ``Shape(x, start=s, end=e)``."""

@@ -171,3 +171,62 @@ def test_slices_with_a_gap_or_a_symbolic_axis_are_kept():
         g.output(hi, "hi")
         m = g.to_model()
         assert not SliceSplitPass()(m).modified
+
+
+def test_slice_of_a_slice_on_other_axes_becomes_one_slice():
+    # w = Slice(Slice(x, 0:2 on axis 1), 1:9:2 on axis -1) -> Slice(x, [0, 1], [2, 9], [1, 2], [1, 2])
+    from onnxforge.passes import SliceSplitPass
+
+    g = GraphBuilder(opset=21)
+    x = g.input("x", FLOAT, ["b", 4, 12])
+    i = _int_initializer(g)
+    u = g.op.Slice(x, i("s0", 0), i("e0", 2), i("a0", 1))
+    w = g.op.Slice(u, i("s1", 1), i("e1", 9), i("a1", -1), i("p1", 2))
+    g.output(g.op.Neg(w), "y")
+    m = g.to_model()
+    before = to_onnx(m)
+    assert SliceSplitPass()(m).modified
+    assert _ops(m) == ["Slice", "Neg"]
+    sl = next(iter(m.graph))
+    assert sl.inputs[0].name == "x"
+    assert [v.const.numpy().tolist() for v in sl.inputs[1:]] == [[0, 1], [2, 9], [1, 2], [1, 2]]
+    assert_sound(m)
+    _close(before, m, {"x": _f32(3, 4, 12)})
+
+
+def test_slices_on_one_axis_or_with_a_second_reader_or_a_noop_are_not_composed():
+    from onnxforge.passes import SliceSplitPass
+
+    for case in ("same_axis", "second_reader", "noop"):
+        g = GraphBuilder(opset=21)
+        x = g.input("x", FLOAT, [2, 4, 12])
+        i = _int_initializer(g)
+        u = g.op.Slice(x, i("s0", 0), i("e0", 3), i("a0", 1))
+        if case == "noop":
+            w = g.op.Slice(u, i("s1", 0), i("e1", np.iinfo(np.int64).max), i("a1", 2))
+        else:
+            w = g.op.Slice(u, i("s1", 1), i("e1", 2), i("a1", 1 if case == "same_axis" else 2))
+        g.output(w, "y")
+        if case == "second_reader":
+            g.output(g.op.Neg(u), "z")
+        m = g.to_model()
+        SliceSplitPass()(m)
+        assert _ops(m).count("Slice") == 2, case
+
+
+def test_slices_of_one_weight_fold_into_the_shuffled_weight_without_growth():
+    # Concat(Slice(W, 0:2), Slice(W, 4:6), Slice(W, 2:4)) of a weight W: the pipeline's
+    # Split of W folds (it frees W), then the Concat: one initializer of W's size remains
+    g = GraphBuilder(opset=21)
+    x = g.input("x", FLOAT, [6, 6])
+    w = g.initializer("W", _f32(6, 64))
+    i = _int_initializer(g)
+    parts = [g.op.Slice(w, i(f"s{k}", a), i(f"e{k}", a + 2), i(f"a{k}", 0)) for k, a in enumerate((0, 2, 4))]
+    g.output(g.op.MatMul(x, g.op.Concat(parts[0], parts[2], parts[1], axis=0)), "y")
+    m = g.to_model()
+    before = to_onnx(m)
+    out = optimize(load(before))
+    assert _ops(out) == ["MatMul"]
+    inits = [v for v in out.graph.all_initializers()]
+    assert sum(v.const.nbytes for v in inits) == 6 * 64 * 4
+    _close(before, out, {"x": _f32(6, 6)})

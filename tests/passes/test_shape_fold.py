@@ -137,3 +137,45 @@ def test_shape_in_if_branch_folds_in_the_branch():
     assert_sound(m)
     for cond in (True, False):
         _same_and_optimized(before, m, {**_x((2, 3)), "c": np.array(cond)})
+
+
+def _flatten_head(dims, extra_shape_entries):
+    """y = Reshape(x, Concat(Cast(Cast(Slice(Shape(x), 0, 1))), extra)) (the PaddlePaddle form)."""
+    g = GraphBuilder(opset=21)
+    x = g.input("x", FLOAT, dims)
+    head = g.op.Slice(g.op.Cast(g.op.Shape(x), to=TensorProto.INT32),
+                      g.initializer("s0", np.array([0])), g.initializer("s1", np.array([1])))
+    t = g.op.Concat(g.op.Cast(head, to=INT64), g.initializer("rest", np.array(extra_shape_entries)), axis=0)
+    g.output(g.op.Reshape(x, t), "y")
+    return g.to_model()
+
+
+def test_reshape_target_known_but_for_one_entry_becomes_a_constant():
+    # x: FLOAT[n, 6, 1, 1]; target [n, 6] -> [-1, 6]: the whole shape computation goes
+    m = _flatten_head(["n", 6, 1, 1], [6])
+    before = to_onnx(m)
+    ShapeFoldPass()(m)
+    reshape = next(n for n in m.graph if n.op_type == "Reshape")
+    assert reshape.inputs[1].const is not None
+    assert reshape.inputs[1].const.numpy().tolist() in ([-1, 6], [0, 6])
+    assert_sound(m)
+    _same_and_optimized(before, m, {"x": RNG.standard_normal((3, 6, 1, 1)).astype(np.float32)})
+    assert sorted(_ops(optimize(load(before)))) == ["Reshape"]
+
+
+def test_reshape_target_with_an_unknown_dim_and_a_zero_entry_stays():
+    # [n, 0] copies x's dim 1, which may be 0: -1 could not be inferred then, so nothing changes
+    m = _flatten_head([None, None, 2], [0])
+    ShapeFoldPass()(m)
+    reshape = next(n for n in m.graph if n.op_type == "Reshape")
+    assert reshape.inputs[1].const is None
+
+
+def test_reshape_target_with_an_unknown_batch_folds_to_minus_one():
+    # the batch is unknown (None), not symbolic: the entry is still the inferred one
+    m = _flatten_head([None, 4, 1, 1], [4])
+    before = to_onnx(m)
+    ShapeFoldPass()(m)
+    reshape = next(n for n in m.graph if n.op_type == "Reshape")
+    assert reshape.inputs[1].const.numpy().tolist() == [-1, 4]
+    _same_and_optimized(before, m, {"x": RNG.standard_normal((5, 4, 1, 1)).astype(np.float32)})
