@@ -1,8 +1,10 @@
 """Operator schemas: lookup in onnx's registry, the ``ai.onnxforge`` domain, and node checks.
 
-``ai.onnxforge`` version 1 operators are registered in onnx's schema registry at
-import time, so GraphBuilder, the verifier and ``onnx.checker`` check them like
-standard operators.
+``ai.onnxforge`` version 1 operators (CacheUpdate, PagedCacheUpdate,
+PagedAttention) are registered in onnx's schema registry at import time, so
+GraphBuilder, the verifier and ``onnx.checker`` check them like standard
+operators. onnx has no type string for a struct value: the paged cache's
+constraint names an opaque type instead (see ``PAGED_CACHE_TYPE``).
 
 ``check_node`` validates a node against the schema of its declared opset: the
 operator exists, the input/output counts are in range, attributes exist, have
@@ -78,7 +80,75 @@ def _register() -> None:
     defs.register_schema(cache_update)
 
 
+# onnx's schema registry has no type string for ``TypeProto.struct_type``: the paged cache's
+# constraint ``C`` names an opaque type as a stand-in. The real type, a struct category (or a
+# reference to an ONNXFORGE_PAGED_KV_CACHE declaration), is checked by the shape rules
+# (graphbuilder/infer/onnxforge_ops.py) and by verifier rule K2 (proto_ext/verify/paged_rules.py).
+PAGED_CACHE_TYPE = "opaque(ai.onnxforge,PagedKVCache)"
+_KV_FLOATS = ["tensor(float)", "tensor(float16)", "tensor(bfloat16)"]
+
+
+def _register_paged() -> None:
+    try:
+        defs.get_schema("PagedCacheUpdate", ONNXFORGE_VERSION, ONNXFORGE_DOMAIN)
+        return
+    except defs.SchemaError:
+        pass
+    attr = defs.OpSchema.Attribute
+    defs.register_schema(defs.OpSchema(
+        "PagedCacheUpdate",
+        ONNXFORGE_DOMAIN,
+        ONNXFORGE_VERSION,
+        "Writes `key` and `value` (n tokens) into the paged cache at [position, position + n), "
+        "quantizing each token directly into its page's format, in place. Output 0 must alias "
+        "input 0 (output_alias {0, 0, MUST_ALIAS}). Updating an existing page allocates nothing; "
+        "only a missing page is allocated; a page that ages into the next format of the cache's "
+        "policy is replaced alone. position must equal the cache's length and position + n must "
+        "not exceed its capacity (num_pages * page_size).",
+        inputs=[
+            _param("cache", "C", "paged KV cache (TypeProto.struct_type: a category or an "
+                                 "ONNXFORGE_PAGED_KV_CACHE reference), bound READ_WRITE"),
+            _param("key", "T", "new keys [1, kv_heads, n, head_dim]"),
+            _param("value", "T", "new values [1, kv_heads, n, head_dim]"),
+            _param("position", "tensor(int64)", "first token written: an int64 scalar"),
+        ],
+        outputs=[_param("updated_cache", "C", "the same cache (page table and pages) as `cache`")],
+        type_constraints=[
+            ("C", [PAGED_CACHE_TYPE], "the paged cache: a struct value (see the note in opschemas.py)"),
+            ("T", _KV_FLOATS, "key and value element types"),
+        ],
+    ))
+    defs.register_schema(defs.OpSchema(
+        "PagedAttention",
+        ONNXFORGE_DOMAIN,
+        ONNXFORGE_VERSION,
+        "Grouped-query attention of `query` over the tokens [0, total_length) of the paged cache "
+        "(total_length defaults to the cache's length), causal for S > 1 (query i sits at position "
+        "total_length - S + i). Pages are decoded one block per head at a time into a bounded "
+        "workspace with an online softmax: the cache is never dequantized as a whole.",
+        inputs=[
+            _param("query", "T", "queries [1, num_heads, S, head_dim]"),
+            _param("cache", "C", "paged KV cache (TypeProto.struct_type), read only"),
+            _param("total_length", "tensor(int64)", "tokens attended: an int64 scalar (default: the "
+                                                    "cache's length)", defs.OpSchema.FormalParameterOption.Optional),
+        ],
+        outputs=[_param("output", "T", "attention output [1, num_heads, S, head_dim]")],
+        type_constraints=[
+            ("T", _KV_FLOATS, "query and output element types"),
+            ("C", [PAGED_CACHE_TYPE], "the paged cache: a struct value (see the note in opschemas.py)"),
+        ],
+        attributes=[
+            attr("scale", defs.OpSchema.AttrType.FLOAT, "scale of the dot products (default "
+                                                         "1/sqrt(head_dim))", required=False),
+            attr("num_heads", defs.OpSchema.AttrType.INT, "query heads (query dimension 1)", required=True),
+            attr("kv_num_heads", defs.OpSchema.AttrType.INT, "kv heads of the cache; num_heads is a "
+                                                             "multiple of it", required=True),
+        ],
+    ))
+
+
 _register()
+_register_paged()
 
 
 def get_schema(op_type: str, version: int, domain: str) -> defs.OpSchema | None:

@@ -1,9 +1,10 @@
 """``onnxforge generate MODEL (--prompt-ids 5,17,42 | --prompt-len P) --new N [--json]``.
 
 Greedy decoding through :func:`~onnxforge.kernels_cy.state.make_state`: the caches
-live in the state and are updated in place. A past/present decoder of the
-onnxruntime-genai layout is converted first (``make_stateful`` with a capacity of
-prompt + new tokens). Per step it reports the latency, the bytes the state's
+live in the state and are updated in place. A past/present decoder (the
+onnxruntime-genai layout, or a ``torch.onnx`` export with Concat-based caches at
+opset 20 or 23) is converted first (``make_stateful`` with a capacity of prompt +
+new tokens). Per step it reports the latency, the bytes the state's
 caches hold, the bytes allocated and copied by the run, and the address of every
 cache buffer (constant when the caches are updated in place)::
 
@@ -29,11 +30,36 @@ import numpy as np
 from onnxforge.graphbuilder.ir import Model
 from onnxforge.kernels_cy.errors import FeedError, StateError
 
-__all__ = ["SUMMARY", "add_generate_parser", "generate", "generate_command"]
+__all__ = ["SUMMARY", "CacheOptions", "add_cache_options", "add_generate_parser", "cache_options", "generate",
+           "generate_command"]
 
 SUMMARY = "greedily decode tokens through the persistent state (caches updated in place)"
 
 _KNOWN = ("input_ids", "position", "attention_mask", "position_ids")
+
+
+class CacheOptions(dict):
+    """``make_stateful`` keywords from ``--cache``, ``--page-size`` and ``--formats``."""
+
+
+def add_cache_options(p: argparse.ArgumentParser) -> None:
+    """The cache layout options shared by ``stateful`` and ``generate``."""
+    p.add_argument("--cache", choices=("contiguous", "paged"), default="contiguous",
+                   help="contiguous capacity-sized caches (default), or one paged cache per layer")
+    p.add_argument("--page-size", type=int, default=16, metavar="N",
+                   help="tokens per page of a paged cache (a multiple of 4; default 16)")
+    p.add_argument("--formats", default="float32", metavar="F,F,...",
+                   help="page formats from the newest page to older ones, the last repeating, from "
+                        "float32, float16, int8, int4, fp8, int2, codebook (default float32)")
+
+
+def cache_options(args: argparse.Namespace) -> CacheOptions:
+    """The ``make_stateful`` keywords the cache options of ``args`` ask for."""
+    if getattr(args, "cache", "contiguous") != "paged":
+        if getattr(args, "formats", "float32") != "float32" or getattr(args, "page_size", 16) != 16:
+            raise FeedError("--page-size and --formats apply to --cache paged")
+        return CacheOptions()
+    return CacheOptions(cache="paged", page_size=int(args.page_size), formats=str(args.formats))
 
 
 def add_generate_parser(subparsers: Any, **parser_kwargs: Any) -> argparse.ArgumentParser:
@@ -48,6 +74,7 @@ def add_generate_parser(subparsers: Any, **parser_kwargs: Any) -> argparse.Argum
     p.add_argument("--new", type=int, required=True, metavar="N", help="tokens to generate")
     p.add_argument("--threads", type=int, default=None, metavar="N",
                    help="bound the backend's threads and BLAS to N (default: every core)")
+    add_cache_options(p)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=generate_command)
@@ -69,21 +96,32 @@ def _prompt(args: argparse.Namespace) -> list[int]:
     return ids
 
 
-def _stateful(model: Model | str, capacity: int) -> Model:
+def _stateful(model: Model | str, capacity: int, options: dict[str, Any] | None = None) -> Model:
     """``model`` itself when it declares bindings, else its stateful rewrite (a path lets
-    the rewrite read the ``genai_config.json`` next to it)."""
+    the rewrite read the ``genai_config.json`` next to it); ``options``: ``cache``,
+    ``page_size`` and ``formats`` of ``make_stateful``."""
     from onnxforge.passes.stateful import make_stateful, read_genai_config
 
+    options = dict(options or {})
     if not isinstance(model, Model):
         from onnxforge.graphbuilder import serde
 
         loaded = serde.load(model)
         if loaded.graph.bindings:
+            _no_layout_for_stateful(options)
             return loaded
-        return make_stateful(loaded, max_length=capacity, batch=1, genai_config=read_genai_config(model))
+        return make_stateful(loaded, max_length=capacity, batch=1, genai_config=read_genai_config(model),
+                             **options)
     if model.graph.bindings:
+        _no_layout_for_stateful(options)
         return model
-    return make_stateful(model, max_length=capacity, batch=1)
+    return make_stateful(model, max_length=capacity, batch=1, **options)
+
+
+def _no_layout_for_stateful(options: dict[str, Any]) -> None:
+    if options:
+        raise StateError("the model is stateful already (it declares persistent bindings): its cache "
+                         "layout is fixed, so --cache, --page-size and --formats do not apply")
 
 
 def _capacity(state: Any) -> int | None:
@@ -93,13 +131,18 @@ def _capacity(state: Any) -> int | None:
 
 
 def generate(model: Model | str, prompt: list[int], new: int, *, threads: int | None = None,
-             progress: bool = True) -> dict[str, Any]:
-    """Decode ``new`` tokens after ``prompt`` greedily; returns the per-step report."""
+             progress: bool = True, cache: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Decode ``new`` tokens after ``prompt`` greedily; returns the per-step report.
+
+    ``cache``: ``make_stateful`` keywords for a model that is converted first
+    (``{"cache": "paged", "page_size": 16, "formats": "float32,int8"}``); with a paged
+    cache the report adds ``page_formats`` (per step, each cache's page formats from
+    the oldest page, None for a page not allocated)."""
     from onnxforge.kernels_cy.state import make_state
 
     if new < 1:
         raise FeedError(f"--new must be a positive int, got {new!r}")
-    model = _stateful(model, len(prompt) + new)
+    model = _stateful(model, len(prompt) + new, cache)
     state = make_state(model, threads=threads, dims={"batch_size": 1, "batch": 1})
     try:
         free = [v.name for v in model.graph.inputs if v.name not in {b.input for b in state.bindings}]
@@ -112,6 +155,9 @@ def generate(model: Model | str, prompt: list[int], new: int, *, threads: int | 
             raise StateError(f"prompt ({len(prompt)}) + new tokens ({new}) exceed the cache capacity {cap}")
         report: dict[str, Any] = {"tokens": [], "step_ms": [], "cache_bytes": [], "allocated_bytes": [],
                                   "copied_bytes": [], "cache_addresses": []}
+        paged = [b.input for b in state.bindings if b.structured and hasattr(state.values[b.input], "page_formats")]
+        if paged:
+            report["page_formats"] = []
         from tqdm import tqdm
 
         ids, done = list(prompt), 0
@@ -135,6 +181,9 @@ def generate(model: Model | str, prompt: list[int], new: int, *, threads: int | 
             report["allocated_bytes"].append(c.allocated_bytes)
             report["copied_bytes"].append(c.copied_bytes)
             report["cache_addresses"].append(state.addresses())
+            if paged:
+                values = state.values
+                report["page_formats"].append({k: values[k].page_formats() for k in paged})
             ids = [token]
         return report
     finally:
@@ -144,7 +193,7 @@ def generate(model: Model | str, prompt: list[int], new: int, *, threads: int | 
 def generate_command(args: argparse.Namespace, label: str | None = None) -> int:
     """Run ``generate`` for ``args.model`` (a path or an IR model); returns the exit status."""
     report = generate(args.model, _prompt(args), int(args.new), threads=args.threads,
-                      progress=not getattr(args, "quiet", False))
+                      progress=not getattr(args, "quiet", False), cache=cache_options(args))
     if args.json:
         print(json.dumps(report))
         return 0

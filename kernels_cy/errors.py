@@ -8,6 +8,7 @@ from __future__ import annotations
 from onnxforge.proto_ext.errors import OnnxforgeError
 
 __all__ = ["BackendError", "CacheRangeError", "FeedError", "KernelDtypeError", "KernelError",
+           "PageCapacityError", "PageFormatError", "PageIdError", "PageShapeError", "PagedCacheError",
            "StateAliasError", "StateBusyError", "StateClosedError", "StateError", "StateFeedError",
            "StateInitError", "UnsupportedAttributeError", "UnsupportedOperatorError"]
 
@@ -44,6 +45,27 @@ class KernelDtypeError(KernelError, TypeError):
 
 class CacheRangeError(KernelError):
     """A cache write or read position lies outside ``[0, capacity]``; nothing was written."""
+
+
+class PagedCacheError(BackendError):
+    """Base class of the errors a paged KV cache raises; the cache is unchanged."""
+
+
+class PageCapacityError(PagedCacheError, CacheRangeError):
+    """A write or read outside the page table (position < 0, past the capacity, not at the
+    published length), or a page table that would shrink."""
+
+
+class PageFormatError(PagedCacheError):
+    """An unknown page format name, or a payload whose length is not its format's page size."""
+
+
+class PageIdError(PagedCacheError, IndexError):
+    """A page id outside the page table, or a page that is needed but missing."""
+
+
+class PageShapeError(PagedCacheError, KernelError):
+    """Keys, values or queries whose dtype, rank or dimensions do not fit the cache."""
 
 
 class StateError(BackendError):

@@ -1,4 +1,4 @@
-"""``InferenceSession``: compile a model once, run it many times on the CPU backend.
+"""``InferenceSession``: compile a model once, run it many times on the CPU backend::
 
     sess = InferenceSession(model)                  # IR Model, ModelProto, bytes or path
     logits, *present = sess.run(None, feeds)        # like onnxruntime: a list
@@ -9,10 +9,30 @@ rank, or a concrete dimension that contradicts the model raises :class:`FeedErro
 naming the input. A READ_WRITE input is caller storage: the caller's array is bound
 as it is (writable, C-contiguous, the model's dtype, else FeedError before any
 write) and outputs that must alias it return that same buffer.
+
+An input typed as a struct (``TypeProto.struct_type``: a ``Cache`` category value)
+takes a structured value as it is, never converted: a dict of field arrays
+(``{"key": k, "value": v, "length": n}``) or a runtime object that exposes
+``nbytes`` and ``buffer_addresses()`` (a paged cache). Kernels that pass values
+through (Identity) hand it on by owner.
+
+Published lengths (rule R3): ``run(..., lengths=RunLengths(...))`` hands the
+kernels that write a READ_WRITE cache in place the valid length of each buffer
+after the previous successful call. Such a kernel asks :func:`current_lengths`
+for the floor of the buffer it writes, refuses a write below it before touching
+memory (:class:`CacheRangeError`), and records the buffer's new length, which the
+caller publishes only if the whole run succeeds::
+
+    ctx = current_lengths()
+    floor = ctx.floor(cache) if ctx is not None else None   # None: not tracked
+    ... check position >= floor, write ...
+    if floor is not None:
+        ctx.wrote(cache, position + n)
 """
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -26,9 +46,79 @@ from onnxforge.kernels_cy.plan import Counters
 from onnxforge.kernels_cy.threads import BLAS
 from onnxforge.proto_ext.dtypes import np_dtype
 from onnxforge.proto_ext.errors import CodecError, OnnxforgeError
-from onnxforge.proto_ext.types import TensorType, type_name
+from onnxforge.proto_ext.types import StructType, TensorType, type_name
 
-__all__ = ["InferenceSession", "NodeArg", "RunCounters", "backend_ops"]
+__all__ = ["InferenceSession", "NodeArg", "RunCounters", "RunLengths", "backend_ops", "current_lengths",
+           "is_structured"]
+
+Length = int | tuple[int, ...]  # a buffer's valid length: one, or one per batch row
+
+
+class RunLengths:
+    """Published lengths of a state's READ_WRITE buffers, handed to one run (rule R3).
+
+    ``names`` maps ``id(buffer)`` to the bound input name, ``lengths`` the name to its
+    published length, ``addresses`` (optional) a buffer's data address to the name for
+    kernels that receive another array object over the same storage. Kernels call
+    :meth:`floor` before a write and :meth:`wrote` after it; ``written`` holds the new
+    lengths of the buffers written in this run.
+    """
+
+    __slots__ = ("_names", "_lengths", "_addresses", "written")
+
+    def __init__(self, names: Mapping[int, str], lengths: Mapping[str, Length],
+                 addresses: Mapping[int, str] | None = None):
+        self._names = names
+        self._lengths = lengths
+        self._addresses = addresses or {}
+        self.written: dict[str, Length] = {}
+
+    def _name(self, buf: Any) -> str | None:
+        name = self._names.get(id(buf))
+        if name is None and self._addresses and isinstance(buf, np.ndarray):
+            name = self._addresses.get(int(buf.__array_interface__["data"][0]))
+        return name
+
+    def floor(self, buf: Any) -> Length | None:
+        """The published length of ``buf`` (None: the buffer is not a tracked state buffer)."""
+        name = self._name(buf)
+        return None if name is None else self._lengths.get(name, 0)
+
+    def name(self, buf: Any) -> str | None:
+        """The bound input name of ``buf``, for error messages."""
+        return self._name(buf)
+
+    def wrote(self, buf: Any, length: Length) -> None:
+        """Record that this run made ``buf`` valid up to ``length`` (kept: the largest)."""
+        name = self._name(buf)
+        if name is None:
+            return
+        old = self.written.get(name)
+        if old is not None:
+            length = _max_length(old, length)
+        self.written[name] = length
+
+
+def _max_length(a: Length, b: Length) -> Length:
+    if isinstance(a, int) and isinstance(b, int):
+        return a if a > b else b
+    return tuple(int(x) for x in np.maximum(np.asarray(a), np.asarray(b)))
+
+
+_CURRENT = threading.local()
+
+
+def current_lengths() -> RunLengths | None:
+    """The :class:`RunLengths` of the run active on this thread, or None (a stateless run)."""
+    return getattr(_CURRENT, "lengths", None)
+
+
+def is_structured(x: Any) -> bool:
+    """True for a structured value: a dict of field arrays, or an object with ``nbytes``
+    and ``buffer_addresses()`` (a runtime cache object)."""
+    if isinstance(x, dict):
+        return all(isinstance(k, str) and isinstance(a, np.ndarray) for k, a in x.items())
+    return not isinstance(x, np.ndarray) and hasattr(x, "nbytes") and callable(getattr(x, "buffer_addresses", None))
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +163,7 @@ class _InputSpec:
     shape: tuple | None
     read_write: bool
     default: np.ndarray | None
+    struct: bool = False  # typed TypeProto.struct_type: a structured value, passed as it is
     fixed: tuple[tuple[int, int], ...] = ()  # (axis, size) of every concrete dimension
 
     def __post_init__(self) -> None:
@@ -127,7 +218,7 @@ class InferenceSession:
         default = None
         if v.const is not None:
             default = self._cg_const(v)
-        return _InputSpec(v.name, dtype, shape, v.access == READ_WRITE, default)
+        return _InputSpec(v.name, dtype, shape, v.access == READ_WRITE, default, isinstance(t, StructType))
 
     def _cg_const(self, v: Value) -> np.ndarray:
         from onnxforge.kernels_cy.compile import Compiler
@@ -163,7 +254,9 @@ class InferenceSession:
             raise FeedError(f"missing feed(s) {missing}")
         return out
 
-    def _check(self, s: _InputSpec, x: Any) -> np.ndarray:
+    def _check(self, s: _InputSpec, x: Any) -> Any:
+        if s.struct:
+            return _check_struct(s, x)
         if s.read_write:
             if not isinstance(x, np.ndarray):
                 raise FeedError(f"input {s.name!r} is READ_WRITE storage: pass a numpy array, "
@@ -189,8 +282,11 @@ class InferenceSession:
         return x
 
     def run(self, output_names: Sequence[str] | None, feeds: Mapping[str, Any],
-            run_options: Any = None) -> list[Any]:
-        """Run the plan; returns the requested outputs (None: all) in order, as a list."""
+            run_options: Any = None, *, lengths: RunLengths | None = None) -> list[Any]:
+        """Run the plan; returns the requested outputs (None: all) in order, as a list.
+
+        ``lengths`` gives the cache-writing kernels the published length of each state
+        buffer (rule R3); their new lengths are in ``lengths.written`` afterwards."""
         if output_names is not None:
             bad = [n for n in output_names if n not in self._out_index]
             if bad:
@@ -199,14 +295,29 @@ class InferenceSession:
         mem = self._mem
         mem.reset()
         saved = BLAS.begin(self._bound)
+        outer = getattr(_CURRENT, "lengths", None)
+        _CURRENT.lengths = lengths
         try:
             outs = self._cg.program.run(args, mem)
         finally:
+            _CURRENT.lengths = outer
             BLAS.end(saved)
             self.last_run = RunCounters(int(mem.allocated), int(mem.copied), int(mem.peak))
         if output_names is None:
             return list(outs)
         return [outs[self._out_index[n]] for n in output_names]
+
+
+def _check_struct(s: _InputSpec, x: Any) -> Any:
+    if isinstance(x, np.ndarray) or not is_structured(x):
+        raise FeedError(f"input {s.name!r} is typed as a struct value: pass a dict of field arrays "
+                        f"or a cache object with nbytes and buffer_addresses(), got {type(x).__name__}")
+    if s.read_write and isinstance(x, dict):
+        bad = [k for k, a in x.items() if not (a.flags.writeable and a.flags.c_contiguous)]
+        if bad:
+            raise FeedError(f"input {s.name!r} is READ_WRITE storage: field(s) {bad} are not writable "
+                            f"C-contiguous arrays")
+    return x
 
 
 def _shape(t: Any) -> list[int | str | None] | None:

@@ -37,15 +37,35 @@ Rules (RULES.md R1-R7):
   names the input and the dimension;
 * a second ``run`` (or ``reset``/``close``) while one is active on the same state is a
   :class:`StateBusyError`; independent states share nothing.
+
+Published lengths (rule R3). For each READ_WRITE buffer the state keeps its
+published length, the valid tokens after the last successful run (``state.lengths``;
+0 for zeros). A run hands these to the kernels that write caches in place
+(CacheUpdate, GroupQueryAttention in shared-buffer mode): a write below the
+published length, past the capacity or at a negative position is a
+:class:`CacheRangeError` raised before that write, and the new lengths
+(``position + n``, ``seqlens_k + 1``) are published with the values only when the
+whole run succeeds. A failed run therefore leaves every buffer unchanged below its
+published length and the lengths as they were; no backup copy is made.
+``save`` writes the lengths too, and restoring a saved file restores them.
+
+Structured values. A bound input typed as a struct (``TypeProto.struct_type``,
+e.g. a ``Cache`` category) is retained like a tensor: a dict of field arrays
+(``{"key": k, "value": v, "length": n}``) or a runtime cache object that exposes
+``nbytes`` and ``buffer_addresses()`` (and ``length``, reported in
+``state.lengths``). It is held by owner (never copied), its bytes count in
+``cache_bytes``, ``addresses()`` lists its buffers (``"name.field"`` or
+``"name[page]"``) and it is published atomically with the other values.
 """
 from __future__ import annotations
 
+import json
 import os
 import threading
 import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -54,13 +74,14 @@ from onnxforge.kernels_cy.errors import (
     StateAliasError,
     StateBusyError,
     StateClosedError,
+    StateError,
     StateFeedError,
     StateInitError,
 )
-from onnxforge.kernels_cy.session import InferenceSession, _load
+from onnxforge.kernels_cy.session import InferenceSession, Length, RunLengths, _load, is_structured
 from onnxforge.proto_ext.dtypes import np_dtype
 from onnxforge.proto_ext.errors import CodecError
-from onnxforge.proto_ext.types import TensorType
+from onnxforge.proto_ext.types import StructType, TensorType
 
 __all__ = ["Binding", "State", "StateCounters", "make_state"]
 
@@ -81,10 +102,14 @@ class Binding:
 
     input: str
     output: str
-    dtype: np.dtype
+    dtype: np.dtype | None  # None: a structured value
     shape: tuple[int | str | None, ...] | None
     read_write: bool
     must_alias: bool  # the output's alias chain ends at the input: same buffer every call
+
+    @property
+    def structured(self) -> bool:
+        return self.dtype is None
 
 
 # Addresses of READ_WRITE buffers retained by live states: one owner per buffer (R2).
@@ -92,9 +117,61 @@ _owners_lock = threading.Lock()
 _owners: dict[int, tuple[int, int, weakref.ref]] = {}  # start address -> (end, state id, state)
 
 
+_LENGTHS_KEY = "onnxforge.lengths"  # entries of a saved state file that are not bound inputs
+_FIELDS_KEY = "onnxforge.fields"
+_PAGED_KEY = "onnxforge.paged"  # the paged caches, as one serialized extended ModelProto
+
+
+def _address(a: np.ndarray) -> int:
+    return int(a.__array_interface__["data"][0])
+
+
 def _extent(a: np.ndarray) -> tuple[int, int]:
-    start = int(a.__array_interface__["data"][0])
+    start = _address(a)
     return start, start + max(a.nbytes, 1)
+
+
+def _arrays(value: Any) -> list[np.ndarray]:
+    """The arrays a retained value holds: itself, or a structured value's field arrays."""
+    if isinstance(value, np.ndarray):
+        return [value]
+    if isinstance(value, dict):
+        return list(value.values())
+    return []
+
+
+def _extents(value: Any) -> list[tuple[int, int]]:
+    """Storage extents of a retained value (an opaque object: one byte per buffer address)."""
+    if isinstance(value, (np.ndarray, dict)):
+        return [_extent(a) for a in _arrays(value)]
+    return [(a, a + 1) for a in _flat_addresses("", value).values()]
+
+
+def _nbytes(value: Any) -> int:
+    if isinstance(value, (np.ndarray, dict)):
+        return sum(a.nbytes for a in _arrays(value))
+    return int(value.nbytes)
+
+
+def _flat_addresses(name: str, value: Any) -> dict[str, int]:
+    """``{name: address}`` for an array; ``{name.field: ...}`` / ``{name[page]: ...}`` otherwise."""
+    if isinstance(value, np.ndarray):
+        return {name: _address(value)}
+    if isinstance(value, dict):
+        return {f"{name}.{k}": _address(a) for k, a in value.items()}
+    got = value.buffer_addresses()
+    items = got.items() if isinstance(got, Mapping) else enumerate(got)
+    return {f"{name}[{k}]": int(a) for k, a in items}
+
+
+def _read_only(value: Any) -> Any:
+    if isinstance(value, np.ndarray):
+        v = value.view()
+        v.flags.writeable = False
+        return v
+    if isinstance(value, dict):
+        return {k: _read_only(a) for k, a in value.items()}
+    return value  # a runtime object: its own API guards its storage
 
 
 def _root(v: Value) -> Value:
@@ -118,9 +195,13 @@ def _resolve(model: Model) -> list[Binding]:
         seen_in.add(inp.name)
         seen_out.add(outp.name)
         t = inp.type
+        rw = inp.access == READ_WRITE
+        if isinstance(t, StructType):
+            out.append(Binding(inp.name, outp.name, None, None, rw, rw and _root(outp) is inp))
+            continue
         if not isinstance(t, TensorType):
-            raise StateInitError(f"graph.bindings[{inp.name!r} <- {outp.name!r}]: only tensor inputs "
-                                 f"are retained by this runtime, got {t}")
+            raise StateInitError(f"graph.bindings[{inp.name!r} <- {outp.name!r}]: only tensor and struct "
+                                 f"inputs are retained by this runtime, got {t}")
         try:
             dtype = np_dtype(t.elem_type)
         except CodecError as e:
@@ -128,20 +209,21 @@ def _resolve(model: Model) -> list[Binding]:
                                  f"be held as state ({e})") from None
         if dtype == np.dtype(object):
             raise StateInitError(f"graph.bindings[{inp.name!r}]: string tensors cannot be persistent")
-        rw = inp.access == READ_WRITE
         out.append(Binding(inp.name, outp.name, dtype, t.shape, rw, rw and _root(outp) is inp))
     return out
 
 
 class State:
-    """Request-local state of one model: retained values, a session, a lock.
+    """Request-local state of one model: retained values, their published lengths, a session, a lock.
 
     Build it with :func:`make_state`. ``run(feeds)`` returns every output by name;
-    ``values`` gives read-only views of the retained inputs; ``last_run`` the counters.
+    ``values`` gives read-only views of the retained inputs; ``lengths`` their
+    published lengths; ``last_run`` the counters.
     """
 
     def __init__(self, session: InferenceSession, bindings: list[Binding],
-                 initial: Any = None, dims: Mapping[str, int] | None = None):
+                 initial: Any = None, dims: Mapping[str, int] | None = None,
+                 lengths: Mapping[str, Length] | None = None):
         self._session = session
         self._bindings = bindings
         self._by_input = {b.input: b for b in bindings}
@@ -154,9 +236,15 @@ class State:
         self._dims = dict(dims or {})
         self._lock = threading.Lock()
         self._closed = False
-        self._values: dict[str, np.ndarray] = {}
+        self._values: dict[str, Any] = {}
+        self._held = 0  # bytes of the retained arrays and struct fields
+        self._objects: list[str] = []  # inputs holding runtime cache objects (their bytes vary)
+        self._lengths: dict[str, Length] = {}
+        self._ids: dict[int, str] = {}  # id(READ_WRITE buffer) -> input name, for the kernels
+        self._addrs: dict[int, str] = {}  # its data address -> input name
         self.last_run = StateCounters()
-        self._publish(self._initial(initial))
+        values, saved = self._initial(initial)
+        self._publish(values, self._initial_lengths(lengths if lengths is not None else saved))
 
     # -- introspection -----------------------------------------------------------
     @property
@@ -168,27 +256,42 @@ class State:
         return self._session
 
     @property
-    def values(self) -> dict[str, np.ndarray]:
-        """Read-only views of the retained values (they keep the buffers alive)."""
+    def values(self) -> dict[str, Any]:
+        """Read-only views of the retained values (they keep the buffers alive); a
+        structured value's fields are views too, a runtime cache object is itself."""
         self._check_open()
-        out = {}
+        return {k: _read_only(a) for k, a in self._values.items()}
+
+    @property
+    def lengths(self) -> dict[str, Length]:
+        """The published length of each READ_WRITE buffer (and of each retained runtime
+        cache object that has a ``length``): valid tokens after the last successful run."""
+        out = dict(self._lengths)
         for k, a in self._values.items():
-            v = a.view()
-            v.flags.writeable = False
-            out[k] = v
+            if not isinstance(a, (np.ndarray, dict)) and hasattr(a, "length"):
+                out[k] = int(a.length)
         return out
 
     @property
     def cache_bytes(self) -> int:
-        return sum(a.nbytes for a in self._values.values())
+        """Bytes the retained values hold (a runtime cache object: the pages it holds now)."""
+        held = self._held
+        for k in self._objects:
+            held += int(self._values[k].nbytes)
+        return held
 
     def addresses(self) -> dict[str, int]:
-        """The data address of each retained buffer, by input name."""
-        return {k: int(a.__array_interface__["data"][0]) for k, a in self._values.items()}
+        """The data address of each retained buffer: by input name, ``name.field`` for a
+        structured value's fields, ``name[page]`` for a runtime cache object's buffers."""
+        out: dict[str, int] = {}
+        for k, a in self._values.items():
+            out.update(_flat_addresses(k, a))
+        return out
 
     # -- running -----------------------------------------------------------------
     def run(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
-        """Run one call with ``feeds`` plus the retained values; publish the bound outputs."""
+        """Run one call with ``feeds`` plus the retained values; publish the bound outputs
+        and the new lengths, all at once, only if the call succeeds."""
         if not self._lock.acquire(blocking=False):
             raise StateBusyError("State.run: another call is active on this state (rule R5)")
         try:
@@ -200,34 +303,61 @@ class State:
                                      f"feed only {self._free_inputs()}")
             args = dict(feeds)
             args.update(values)
-            outs = self._session.run(None, args)
-            new: dict[str, np.ndarray] = {}
+            ctx = RunLengths(self._ids, self._lengths, self._addrs)
+            outs = self._session.run(None, args, lengths=ctx)
+            new: dict[str, Any] = {}
             for name, k, b in self._slots:
                 a = outs[k]
                 if b.must_alias and a is not values[name]:
                     raise StateAliasError(f"output {b.output!r} must be the buffer of READ_WRITE input "
                                           f"{name!r} (rule R1) but came back as other storage")
-                if b.read_write and not b.must_alias and not (
-                        isinstance(a, np.ndarray) and a.flags.writeable and a.flags.c_contiguous):
+                if b.read_write and not b.must_alias and not _writable(a):
                     raise StateAliasError(f"output {b.output!r} feeds READ_WRITE input {name!r} but "
                                           f"is not writable C-contiguous storage (rule R2)")
+                if b.structured and not is_structured(a):
+                    raise StateAliasError(f"output {b.output!r} feeds struct input {name!r} but came back "
+                                          f"as {type(a).__name__}, not a structured value (rule R6)")
                 new[name] = a
-            self._publish(new)
+            lengths = dict(self._lengths)
+            for name, length in ctx.written.items():
+                lengths[name] = length
+            for name in self._lengths:  # a buffer replaced by other storage starts over
+                if new.get(name) is not values.get(name) and name not in ctx.written:
+                    lengths[name] = 0
+            self._publish(new, lengths)
             r = self._session.last_run
-            self.last_run = StateCounters(r.allocated_bytes, r.copied_bytes, r.peak_bytes,
-                                          sum(a.nbytes for a in new.values()))
+            self.last_run = StateCounters(r.allocated_bytes, r.copied_bytes, r.peak_bytes, self.cache_bytes)
             return dict(zip(self._out_names, outs))
         finally:
             self._lock.release()
 
-    def reset(self, initial: Any = None) -> None:
-        """Retain ``initial`` (a mapping, a saved file, or None: zeros) in place of the state."""
+    def reset(self, initial: Any = None, lengths: Mapping[str, Length] | None = None) -> None:
+        """Retain ``initial`` (a mapping, a saved file, or None: zeros) in place of the state;
+        ``lengths`` gives published lengths (default: 0, or those of a saved file)."""
         if not self._lock.acquire(blocking=False):
             raise StateBusyError("State.reset: a call is active on this state (rule R5)")
         try:
             self._check_open()
-            self._publish(self._initial(initial))
+            values, saved = self._initial(initial)
+            self._publish(values, self._initial_lengths(lengths if lengths is not None else saved))
             self.last_run = StateCounters()
+        finally:
+            self._lock.release()
+
+    def rewind(self, lengths: Mapping[str, Length] | int) -> None:
+        """Lower published lengths (an int applies to every READ_WRITE buffer): the next run
+        may write again from there. Raising a length is a :class:`StateInitError`."""
+        if not self._lock.acquire(blocking=False):
+            raise StateBusyError("State.rewind: a call is active on this state (rule R5)")
+        try:
+            self._check_open()
+            given = dict.fromkeys(self._lengths, lengths) if isinstance(lengths, int) else dict(lengths)
+            new = self._initial_lengths({**self._lengths, **given})
+            up = [k for k in given if np.any(np.asarray(new[k]) > np.asarray(self._lengths[k]))]
+            if up:
+                raise StateInitError(f"rewind can only lower published lengths; {up} would grow "
+                                     f"(published: {[self._lengths[k] for k in up]})")
+            self._lengths = new
         finally:
             self._lock.release()
 
@@ -237,16 +367,39 @@ class State:
             raise StateBusyError("State.close: a call is active on this state (rule R5)")
         try:
             if not self._closed:
-                self._publish({})
+                self._publish({}, {})
                 self._closed = True
         finally:
             self._lock.release()
 
     def save(self, path: str | os.PathLike) -> None:
-        """Write the retained values to one ``.npz`` file (``make_state(model, initial=path)``)."""
+        """Write the retained values and their published lengths to one ``.npz`` file
+        (``make_state(model, initial=path)`` restores both). A structured value's fields
+        are stored as ``name.field``; a runtime cache object cannot be saved this way."""
         self._check_open()
+        arrays: dict[str, np.ndarray] = {}
+        fields: dict[str, list[str]] = {}
+        paged: dict[str, Any] = {}
+        for k, a in self._values.items():
+            if isinstance(a, np.ndarray):
+                arrays[k] = a
+            elif isinstance(a, dict):
+                fields[k] = list(a)
+                arrays.update({f"{k}.{f}": x for f, x in a.items()})
+            elif _is_paged(a):
+                paged[k] = a
+            else:
+                raise StateError(f"State.save: bound input {k!r} holds a {type(a).__name__} runtime "
+                                 f"object, which has no array form to write")
+        meta = {_LENGTHS_KEY: json.dumps({k: _json_length(v) for k, v in self._lengths.items()}),
+                _FIELDS_KEY: json.dumps(fields)}
+        if paged:  # the caches' wire form: one extended ModelProto of encoded pages
+            from onnxforge.proto_ext.codecs.kvcache import PagedCacheValue, cache_to_bytes
+
+            data = cache_to_bytes({k: PagedCacheValue.from_cache(c) for k, c in paged.items()})
+            arrays[_PAGED_KEY] = np.frombuffer(data, np.uint8)
         with open(path, "wb") as fh:
-            np.savez(fh, **self._values)  # type: ignore[arg-type]
+            np.savez(fh, **arrays, **{k: np.array(v) for k, v in meta.items()})  # type: ignore[arg-type]
 
     def __enter__(self) -> State:
         return self
@@ -268,64 +421,100 @@ class State:
     def _free_inputs(self) -> list[str]:
         return [v.name for v in self._session.model.graph.inputs if v.name not in self._by_input]
 
-    def _publish(self, new: dict[str, np.ndarray]) -> None:
-        """Claim the new READ_WRITE buffers of ``new``, then swap them in and release the old.
-
-        In the in-place case every retained value is the object it was, and nothing but
-        the dict swap happens."""
+    def _publish(self, new: dict[str, Any], lengths: dict[str, Length]) -> None:
+        """Claim the new READ_WRITE buffers of ``new``, then swap them and the lengths in
+        and release the old. In the in-place case every retained value is the object it
+        was, and nothing but the two swaps happens."""
         old = self._values
         rw = self._by_input
+        if len(new) != len(old) or any(new.get(k) is not a for k, a in old.items()):
+            self._objects = [k for k, a in new.items() if not isinstance(a, (np.ndarray, dict))]
+            self._held = sum(_nbytes(a) for k, a in new.items() if isinstance(a, (np.ndarray, dict)))
         gone = [a for k, a in old.items() if rw[k].read_write and new.get(k) is not a]
         added = [(k, a) for k, a in new.items() if rw[k].read_write and old.get(k) is not a]
         if gone or added:
             with _owners_lock:
                 for k, a in added:
-                    start, end = _extent(a)
-                    for s, (e, sid, ref) in _owners.items():
-                        if s < end and start < e and sid != id(self) and ref() is not None:
-                            raise StateInitError(f"READ_WRITE input {k!r}: its buffer is already bound "
-                                                 f"to another live state (rule R2)")
+                    for start, end in _extents(a):
+                        for s, (e, sid, ref) in _owners.items():
+                            if s < end and start < e and sid != id(self) and ref() is not None:
+                                raise StateInitError(f"READ_WRITE input {k!r}: its buffer is already "
+                                                     f"bound to another live state (rule R2)")
                 self._release_locked(gone)
                 ref = weakref.ref(self)
                 for _, a in added:
-                    start, end = _extent(a)
-                    _owners[start] = (end, id(self), ref)
+                    for start, end in _extents(a):
+                        _owners[start] = (end, id(self), ref)
                 for s in [s for s, (_, _, r) in _owners.items() if r() is None]:
                     del _owners[s]  # entries of states collected without close()
+            self._ids = {id(a): k for k, a in new.items() if rw[k].read_write and isinstance(a, np.ndarray)}
+            self._addrs = {_address(a): k for k, a in new.items()
+                           if rw[k].read_write and isinstance(a, np.ndarray)}
         self._values = new
+        self._lengths = lengths
 
-    def _release_owned(self, values: dict[str, np.ndarray]) -> None:
+    def _release_owned(self, values: dict[str, Any]) -> None:
         with _owners_lock:
             self._release_locked([a for k, a in values.items() if self._by_input[k].read_write])
 
-    def _release_locked(self, arrays: list[np.ndarray]) -> None:
-        for a in arrays:
-            start, _ = _extent(a)
-            entry = _owners.get(start)
-            if entry is not None and entry[1] == id(self):
-                del _owners[start]
+    def _release_locked(self, values: list[Any]) -> None:
+        for a in values:
+            for start, _ in _extents(a):
+                entry = _owners.get(start)
+                if entry is not None and entry[1] == id(self):
+                    del _owners[start]
 
-    def _initial(self, initial: Any) -> dict[str, np.ndarray]:
+    def _initial_lengths(self, given: Mapping[str, Length] | None) -> dict[str, Length]:
+        """0 for every READ_WRITE array binding, then the ``given`` lengths, checked."""
+        out: dict[str, Length] = {b.input: 0 for b in self._bindings if b.read_write and not b.structured}
+        for k, v in dict(given or {}).items():
+            v = cast(Any, v)
+            if k not in out:
+                raise StateInitError(f"published length for {k!r}, which is not a READ_WRITE array "
+                                     f"binding; those are {list(out)}")
+            try:
+                length: Length = int(v) if np.ndim(v) == 0 else tuple(int(x) for x in np.asarray(v).ravel())
+            except (TypeError, ValueError):
+                raise StateInitError(f"published length of {k!r} must be an int or ints per row, "
+                                     f"got {v!r}") from None
+            if np.any(np.asarray(length) < 0):
+                raise StateInitError(f"published length of {k!r} is negative: {length}")
+            out[k] = length
+        return out
+
+    def _initial(self, initial: Any) -> tuple[dict[str, Any], dict[str, Length] | None]:
+        """The values to retain and, for a saved file, its published lengths."""
         if isinstance(initial, (str, os.PathLike)):
-            return self._initial(_read_saved(initial))
+            values, lengths = _read_saved(initial)
+            return self._initial(values)[0], lengths
         given = dict(initial or {})
         unknown = [k for k in given if k not in self._by_input]
         if unknown:
             raise StateInitError(f"initial value(s) for {unknown}, which are not bound inputs; the "
                                  f"bound inputs are {list(self._by_input)}")
-        out: dict[str, np.ndarray] = {}
+        out: dict[str, Any] = {}
         seen: list[tuple[str, np.ndarray]] = []
         for b in self._bindings:
             a = self._check_initial(b, given[b.input]) if b.input in given else self._zeros(b)
-            for other, x in seen:
-                if np.shares_memory(a, x):
-                    raise StateInitError(f"initial values of {other!r} and {b.input!r} share storage: "
-                                         f"each bound input needs its own buffer (rule R2)")
-            seen.append((b.input, a))
+            for x in _arrays(a):
+                for other, y in seen:
+                    if np.shares_memory(x, y):
+                        raise StateInitError(f"initial values of {other!r} and {b.input!r} share storage: "
+                                             f"each bound input needs its own buffer (rule R2)")
+            seen.extend((b.input, x) for x in _arrays(a))
             out[b.input] = a
-        return out
+        return out, None
 
-    def _zeros(self, b: Binding) -> np.ndarray:
+    def _zeros(self, b: Binding) -> Any:
+        if b.structured:
+            layout = _paged_layout(self._session.model, b.input)
+            if layout is not None:  # an empty paged cache: no page held, length 0
+                from onnxforge.kernels_cy.paged import PagedKVCache
+
+                heads, head_dim, page, pages, formats = layout
+                return PagedKVCache(heads, head_dim, page, pages, formats=formats)
+            raise StateInitError(f"bound input {b.input!r} is a struct value with no zero form: pass "
+                                 f"its initial value (a dict of field arrays or a cache object)")
         if b.shape is None:
             raise StateInitError(f"bound input {b.input!r} has no declared shape: pass its initial value")
         dims = []
@@ -339,24 +528,14 @@ class State:
                                      f"zeros have no shape; pass dims={{{d!r}: N}} or its initial value")
         return np.zeros(dims, b.dtype)
 
-    def _check_initial(self, b: Binding, x: Any) -> np.ndarray:
-        if not isinstance(x, np.ndarray) and hasattr(x, "__dlpack__"):
-            try:  # torch and other DLPack producers: the same storage, never a copy
-                x = np.from_dlpack(x)
-            except (BufferError, TypeError, RuntimeError) as e:
-                raise StateInitError(f"initial value of {b.input!r}: its DLPack export cannot be "
-                                     f"viewed as a CPU array without a copy ({e})") from None
-        if not isinstance(x, np.ndarray):
-            raise StateInitError(f"initial value of {b.input!r}: pass a numpy array (retained without "
-                                 f"a copy), got {type(x).__name__}")
+    def _check_initial(self, b: Binding, x: Any) -> Any:
+        if b.structured:
+            return _check_structured(b, x)
+        x = _as_array(b.input, x)
         if x.dtype != b.dtype:
             raise StateInitError(f"initial value of {b.input!r}: dtype {x.dtype} but the model declares "
                                  f"{b.dtype}; it is retained as it is, never cast")
-        if not x.flags.c_contiguous:
-            raise StateInitError(f"initial value of {b.input!r} is not C-contiguous: retaining it would "
-                                 f"need a copy (rule R7)")
-        if b.read_write and not x.flags.writeable:
-            raise StateInitError(f"initial value of READ_WRITE input {b.input!r} is not writable (rule R2)")
+        _check_layout(b, b.input, x)
         if b.shape is not None:
             bad = x.ndim != len(b.shape) or any(isinstance(d, int) and d >= 0 and d != n
                                                 for d, n in zip(b.shape, x.shape))
@@ -366,22 +545,135 @@ class State:
         return x
 
 
-def _read_saved(path: str | os.PathLike) -> dict[str, np.ndarray]:
+def _as_array(what: str, x: Any) -> np.ndarray:
+    if not isinstance(x, np.ndarray) and hasattr(x, "__dlpack__"):
+        try:  # torch and other DLPack producers: the same storage, never a copy
+            x = np.from_dlpack(x)
+        except (BufferError, TypeError, RuntimeError) as e:
+            raise StateInitError(f"initial value of {what!r}: its DLPack export cannot be "
+                                 f"viewed as a CPU array without a copy ({e})") from None
+    if not isinstance(x, np.ndarray):
+        raise StateInitError(f"initial value of {what!r}: pass a numpy array (retained without "
+                             f"a copy), got {type(x).__name__}")
+    return x
+
+
+def _check_layout(b: Binding, what: str, x: np.ndarray) -> None:
+    if not x.flags.c_contiguous:
+        raise StateInitError(f"initial value of {what!r} is not C-contiguous: retaining it would "
+                             f"need a copy (rule R7)")
+    if b.read_write and not x.flags.writeable:
+        raise StateInitError(f"initial value of READ_WRITE input {what!r} is not writable (rule R2)")
+
+
+def _check_structured(b: Binding, x: Any) -> Any:
+    """A dict of field arrays (each retained as it is) or a runtime cache object."""
+    if isinstance(x, Mapping) and not isinstance(x, dict):
+        raise StateInitError(f"initial value of struct input {b.input!r}: pass a dict of field arrays "
+                             f"(retained as it is), got {type(x).__name__}")
+    if isinstance(x, dict):
+        for k, a in x.items():
+            if not isinstance(k, str) or not k or "." in k:
+                raise StateInitError(f"initial value of struct input {b.input!r}: field name {k!r} must "
+                                     f"be a non-empty string without '.'")
+            a = _as_array(f"{b.input}.{k}", a)
+            _check_layout(b, f"{b.input}.{k}", a)
+            x[k] = a  # a DLPack field becomes its numpy view of the same storage
+        return x
+    if not is_structured(x):
+        raise StateInitError(f"initial value of struct input {b.input!r}: pass a dict of field arrays or "
+                             f"a cache object with nbytes and buffer_addresses(), got {type(x).__name__}")
+    return x
+
+
+def _writable(a: Any) -> bool:
+    if isinstance(a, np.ndarray):
+        return bool(a.flags.writeable and a.flags.c_contiguous)
+    if isinstance(a, dict):
+        return all(isinstance(x, np.ndarray) and x.flags.writeable and x.flags.c_contiguous
+                   for x in a.values())
+    return is_structured(a)
+
+
+def _is_paged(a: Any) -> bool:
+    from onnxforge.kernels_cy.paged import PagedKVCache
+
+    return isinstance(a, PagedKVCache)
+
+
+def _paged_layout(model: Model, name: str) -> tuple[int, int, int, int, tuple[str, ...]] | None:
+    """``(kv_heads, head_dim, page_size, num_pages, formats)`` of a graph input typed by
+    a reference to an ``ONNXFORGE_PAGED_KV_CACHE`` declaration, else None."""
+    from onnxforge.proto_ext.codecs.kvcache import CACHE_STRUCT_NAME, FORMATS_KEY
+
+    inp = next((v for v in model.graph.inputs if v.name == name), None)
+    t = inp.type if inp is not None else None
+    if not isinstance(t, StructType) or t.kind != "type_ref":
+        return None
+    decl = next((s for s in model.struct_types if s.type_id == t.type_ref), None)
+    if decl is None or decl.name != CACHE_STRUCT_NAME:
+        return None
+    consts = {f.name: f.constant.array() for f in decl.fields if f.constant is not None}
+    _, h, page, d = (int(v) for v in consts["page_shape"])
+    formats = tuple(dict(decl.metadata).get(FORMATS_KEY, "float32").split(","))
+    return h, d, page, int(consts["capacity"]) // page, formats
+
+
+def _restore_paged(path: str | os.PathLike, data: np.ndarray) -> dict[str, Any]:
+    """The paged caches of a saved state, each page verified (rules K6-K9) and set."""
+    from onnxforge.kernels_cy.paged import PagedKVCache
+    from onnxforge.proto_ext.codecs.kvcache import cache_from_bytes
+    from onnxforge.proto_ext.errors import VerificationError
+
+    try:
+        caches = cache_from_bytes(data.tobytes())
+    except (VerificationError, CodecError, ValueError) as e:
+        raise StateInitError(f"saved state {os.fspath(path)!r}: its paged caches do not load: {e}") from None
+    out: dict[str, Any] = {}
+    for name, v in caches.items():
+        c = PagedKVCache(v.kv_heads, v.head_dim, v.page_size, v.num_pages, formats=v.formats)
+        for i, page in enumerate(v.pages):
+            if page is not None:
+                c.set_page(i, page[0], np.frombuffer(page[1], np.uint8).copy())
+        c.set_length(v.length)
+        out[name] = c
+    return out
+
+
+def _json_length(v: Length) -> int | list[int]:
+    return v if isinstance(v, int) else list(v)
+
+
+def _read_saved(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, Length] | None]:
     try:
         with np.load(path, allow_pickle=False) as z:
-            return {k: z[k] for k in z.files}
+            arrays = {k: z[k] for k in z.files}
+        lengths = json.loads(str(arrays.pop(_LENGTHS_KEY))) if _LENGTHS_KEY in arrays else None
+        fields = json.loads(str(arrays.pop(_FIELDS_KEY))) if _FIELDS_KEY in arrays else {}
+        paged = arrays.pop(_PAGED_KEY, None)
     except (OSError, ValueError) as e:
         raise StateInitError(f"cannot read saved state {os.fspath(path)!r}: {e}") from None
+    values: dict[str, Any] = {k: a for k, a in arrays.items()
+                              if not any(k.startswith(f"{s}.") for s in fields)}
+    for name, names in fields.items():
+        values[name] = {f: arrays[f"{name}.{f}"] for f in names}
+    if paged is not None:
+        values.update(_restore_paged(path, paged))
+    if lengths is not None:
+        lengths = {k: (v if isinstance(v, int) else tuple(v)) for k, v in lengths.items()}
+    return values, lengths
 
 
 def make_state(model: Any, initial: Any = None, threads: int | None = None, *,
-               dims: Mapping[str, int] | None = None) -> State:
+               dims: Mapping[str, int] | None = None, lengths: Mapping[str, Length] | None = None) -> State:
     """A :class:`State` for ``model`` (IR Model, ModelProto, bytes or path).
 
-    ``initial``: a mapping from bound input names to arrays (retained without a copy;
-    inputs left out start as zeros), a path written by :meth:`State.save`, or None.
-    ``dims`` sizes the symbolic dimensions of zero-initialized inputs. Each state
+    ``initial``: a mapping from bound input names to arrays or structured values
+    (retained without a copy; inputs left out start as zeros), a path written by
+    :meth:`State.save`, or None. ``dims`` sizes the symbolic dimensions of
+    zero-initialized inputs. ``lengths`` gives the published lengths of READ_WRITE
+    buffers given in ``initial`` (default 0; a saved file brings its own). Each state
     compiles its own session, so independent states share nothing.
     """
     session = InferenceSession(_load(model), threads=threads)
-    return State(session, _resolve(session.model), initial, dims)
+    return State(session, _resolve(session.model), initial, dims, lengths)

@@ -13,13 +13,19 @@
     onnxforge run MODEL [--inputs FILE.npz] [-o OUT.npz] [--threads N] [--json]
                                                   run on the CPU backend: outputs, timing,
                                                   bytes allocated and copied
-    onnxforge generate MODEL (--prompt-ids 5,17,42 | --prompt-len P) --new N [--json]
+    onnxforge stateful MODEL -o OUT --max-length N [--bind IN=OUT ...] [--cache paged
+                      [--page-size N] [--formats F,...]] [--json]
+                                                  past/present decoder -> in-place stateful model
+                                                  (persistent bindings, capacity-N caches)
+    onnxforge generate MODEL (--prompt-ids 5,17,42 | --prompt-len P) --new N [--cache paged
+                      [--page-size N] [--formats F,...]] [--json]
                                                   greedy decode through the in-place state:
                                                   tokens, per-token latency, cache bytes,
                                                   allocations, copies, cache addresses
     onnxforge demo [-o DIR]                       the built-in stateful decoder through the toolchain
 
-MODEL may be ``builtin:decoder`` to use the decoder the package builds itself.
+MODEL may be ``builtin:decoder`` to use the decoder the package builds itself (or
+``builtin:rnn``, a stateless recurrent cell).
 
 Exit status: 0 success; 1 the model breaks a static rule (the violations are
 printed as ``[RULE] path: message``) or export rejected it; 2 a usage or file
@@ -140,11 +146,18 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     from onnxforge.graphbuilder.view import model_view
     from onnxforge.report import format_type, render_text, summarize
 
-    model = _load_ir(args.model)
-    ctx = ShapesContext(model, strict=False)
-    ctx.infer_graph(model.graph)
-    sizes = {v.name: v.const.nbytes for g in model.all_graphs() for v in g.all_initializers()}
-    summary = summarize(model_view(model), sizes)
+    from onnxforge.progress import is_large, stages
+
+    with stages("inspect", ["load", "infer shapes", "summarize"],
+                enabled=not args.quiet and is_large(args.model)) as step:
+        step("load")
+        model = _load_ir(args.model)
+        step("infer shapes")
+        ctx = ShapesContext(model, strict=False)
+        ctx.infer_graph(model.graph)
+        step("summarize")
+        sizes = {v.name: v.const.nbytes for g in model.all_graphs() for v in g.all_initializers()}
+        summary = summarize(model_view(model), sizes)
     if args.values:
         summary["values"] = {v.name: format_type(v.type) for v in model.graph.values() if v.name}
     if args.json:
@@ -167,6 +180,7 @@ def _model_stats(model) -> dict[str, int]:
 
 
 PROGRESS_MIN_NODES = 5_000
+PROGRESS_MIN_BYTES_SAVE = 64 << 20
 
 
 def _copy_sidecars(source: str, output: str, model: Any) -> Any:
@@ -206,8 +220,12 @@ def _cmd_optimize(args: argparse.Namespace) -> int:
 
     # unknown pass names fail here, before the model is loaded
     pm = default_pass_manager(names, debug=args.debug, progress=progress)
+    from onnxforge.progress import is_large, stages
+
     t0 = time.perf_counter()
-    model = _load_ir(args.model, verified=True)
+    with stages("load", ["verify and load"], enabled=not args.quiet and is_large(args.model)) as step:
+        step("verify and load")
+        model = _load_ir(args.model, verified=True)
     load_s = time.perf_counter() - t0
     before = _model_stats(model)
     bar = tqdm(total=len(names), desc="optimize", unit="pass", file=sys.stderr,
@@ -219,7 +237,10 @@ def _cmd_optimize(args: argparse.Namespace) -> int:
     after = _model_stats(model)
     t1 = time.perf_counter()
     try:
-        save(model, output)
+        with stages("save", [output], enabled=not args.quiet and after["initializer_bytes"]
+                    >= PROGRESS_MIN_BYTES_SAVE) as step:
+            step(output)
+            save(model, output)
     except (OSError, ExternalDataError) as exc:
         raise _write_error(output, exc) from exc
     save_s = time.perf_counter() - t1
@@ -305,15 +326,21 @@ def _config_changes(written: dict[str, str]) -> list[dict[str, Any]]:
 def _cmd_export(args: argparse.Namespace) -> int:
     from onnxforge.passes.export import export_to_dir
 
+    from onnxforge.progress import is_large, stages
+
     out_dir = _output_dir(args.output)
-    model = _load_ir(args.model, verified=True)
-    # from a file, export loads its own copy from the file (mapped, not serialized again)
-    source = model if args.model.startswith(_BUILTIN) else args.model
-    try:
-        written = export_to_dir(source, out_dir, target_opset=args.target_opset,
-                                keep_domains=tuple(args.keep_domain or ()))
-    except OSError as exc:
-        raise _write_error(out_dir, exc) from exc
+    with stages("export", ["verify and load", "lower and write"],
+                enabled=not args.quiet and is_large(args.model)) as step:
+        step("verify and load")
+        model = _load_ir(args.model, verified=True)
+        # from a file, export loads its own copy from the file (mapped, not serialized again)
+        source = model if args.model.startswith(_BUILTIN) else args.model
+        step("lower and write")
+        try:
+            written = export_to_dir(source, out_dir, target_opset=args.target_opset,
+                                    keep_domains=tuple(args.keep_domain or ()))
+        except OSError as exc:
+            raise _write_error(out_dir, exc) from exc
     if args.json:
         print(json.dumps({"output": out_dir, "written": written, **_export_changes(model, written)},
                          indent=2))
@@ -360,6 +387,63 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     return generate_command(args, label=label)
 
 
+def _bind_pairs(specs: list[str] | None) -> dict[str, str] | None:
+    """``--bind IN=OUT`` options as ``{input: output}`` (None when none were given)."""
+    if not specs:
+        return None
+    pairs: dict[str, str] = {}
+    for spec in specs:
+        inp, sep, out = spec.partition("=")
+        if not sep or not inp.strip() or not out.strip():
+            raise CommandLineError(f"--bind {spec!r}: expected INPUT=OUTPUT, e.g. --bind state=stateN")
+        if inp.strip() in pairs:
+            raise CommandLineError(f"--bind names input {inp.strip()!r} twice")
+        pairs[inp.strip()] = out.strip()
+    return pairs
+
+
+def _cmd_stateful(args: argparse.Namespace) -> int:
+    from onnxforge.api import save
+    from onnxforge.passes.stateful import make_stateful, read_genai_config
+
+    output = _output_file(args.output)
+    bindings = _bind_pairs(args.bind)
+    if args.max_length < 1:
+        raise CommandLineError(f"--max-length must be a positive int, got {args.max_length}")
+    model = _load_ir(args.model, verified=True)
+    config = None if args.model.startswith(_BUILTIN) else read_genai_config(args.model)
+    from onnxforge.kernels_cy.cli_state import cache_options
+
+    model = make_stateful(model, max_length=args.max_length, bindings=bindings, batch=args.batch,
+                          genai_config=config, **cache_options(args))
+    try:
+        save(model, output)
+    except (OSError, ExternalDataError) as exc:
+        raise _write_error(output, exc) from exc
+    # onnxruntime-genai cannot run paged caches: their model gets no genai_config.json
+    sidecar = _copy_sidecars(args.model, output, model) if args.cache != "paged" else None
+    pairs = [{"input": i.name, "output": o.name, "in_place": o.alias_of is i,
+              "shape": list(i.type.shape) if getattr(i.type, "shape", None) is not None else None}
+             for i, o in model.graph.bindings]
+    report = {"output": output, "capacity": args.max_length, "bindings": pairs, "cache": args.cache,
+              "page_size": args.page_size if args.cache == "paged" else None,
+              "formats": args.formats.split(",") if args.cache == "paged" else None,
+              "sidecar": sidecar.to_json() if sidecar is not None else None}
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return EXIT_OK
+    for p in pairs:
+        how = f"in place, capacity {args.max_length}" if p["in_place"] else "persistent, not in place"
+        print(f"bound {p['input']} <- {p['output']}  ({how})")
+    if sidecar is not None:
+        for path in sidecar.copied.values():
+            print(f"copied {path}")
+    if args.cache == "paged":
+        print(f"paged caches: {args.page_size} tokens per page, formats {args.formats} (newest page first)")
+    print(f"{len(pairs)} binding(s), capacity {args.max_length} -> {output}")
+    return EXIT_OK
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     from onnxforge.samples import run_demo
 
@@ -374,6 +458,7 @@ _EXAMPLES = {
     "optimize": "onnxforge optimize builtin:decoder -o decoder.opt.onnx",
     "export": "onnxforge export builtin:decoder -o decoder-standard --json",
     "run": "onnxforge run builtin:decoder --threads 2 --json",
+    "stateful": "onnxforge stateful builtin:rnn -o rnn.stateful.onnx --max-length 1 --bind state=stateN",
     "generate": "onnxforge generate builtin:decoder --prompt-ids 5,17,42 --new 8",
     "demo": "onnxforge demo -o onnxforge-demo",
 }
@@ -411,6 +496,7 @@ def build_parser() -> argparse.ArgumentParser:
     insp.add_argument("--json", action="store_true", help="print JSON instead of text")
     insp.add_argument("--values", action="store_true",
                       help="also list every value's inferred (symbolic) type")
+    insp.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     insp.set_defaults(func=_cmd_inspect)
 
     ver = command("verify", "check the static rules (exit 1 on violations)")
@@ -435,6 +521,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="keep operators of this domain (e.g. com.microsoft for onnxruntime)")
     exp.add_argument("--json", action="store_true",
                      help="print what was written and what export changed as JSON")
+    exp.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     exp.set_defaults(func=_cmd_export)
 
     from onnxforge.kernels_cy.cli_run import SUMMARY as RUN_SUMMARY, add_run_parser
@@ -443,6 +530,22 @@ def build_parser() -> argparse.ArgumentParser:
                          formatter_class=argparse.RawDescriptionHelpFormatter,
                          epilog=f"example:\n  {_EXAMPLES['run']}")
     run.set_defaults(func=_cmd_run)
+
+    stf = command("stateful", "rewrite a past/present model into an in-place stateful one")
+    stf.add_argument("model", help="model path or builtin:NAME")
+    stf.add_argument("-o", "--output", required=True, help="output model path")
+    stf.add_argument("--max-length", type=int, required=True, metavar="N",
+                     help="cache capacity in tokens (prompt plus generated)")
+    stf.add_argument("--bind", action="append", metavar="IN=OUT",
+                     help="bind graph output OUT to input IN on the next call (repeatable); without "
+                          "it, pairs come from genai_config.json or the names past_key_values.N.* / "
+                          "present.N.*")
+    stf.add_argument("--batch", type=int, default=None, help="fix a symbolic batch dimension")
+    from onnxforge.kernels_cy.cli_state import add_cache_options
+
+    add_cache_options(stf)
+    stf.add_argument("--json", action="store_true", help="print the bindings as JSON")
+    stf.set_defaults(func=_cmd_stateful)
 
     from onnxforge.kernels_cy.cli_state import SUMMARY as GEN_SUMMARY, add_generate_parser
 

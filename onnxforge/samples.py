@@ -160,7 +160,25 @@ def _int4_array_type(n: int):
     return StructType(kind="array", array=ArrayKind(TensorType(INT4, ()), n))
 
 
-BUILTINS = {"decoder": build_decoder}
+def build_rnn(hidden: int = 8, features: int = 4, seed: int = 0):
+    """A stateless recurrent cell as an IR ``Model``: ``stateN = Tanh(x Wx + state Wh)``,
+    ``y = stateN Wy``; the caller feeds ``stateN`` back as ``state`` (no bindings declared)."""
+    from onnxforge.graphbuilder.builder import GraphBuilder
+
+    rng = np.random.default_rng(seed)
+    g = GraphBuilder(opset=23, name="onnxforge_rnn")
+    op = g.op
+    x = g.input("x", FLOAT, [1, features])
+    state = g.input("state", FLOAT, [1, hidden])
+    wx, wh, wy = ((rng.standard_normal(s) * 0.5).astype(np.float32)
+                  for s in ((features, hidden), (hidden, hidden), (hidden, 2)))
+    new = op.Tanh(op.Add(op.MatMul(x, g.initializer("wx", wx)), op.MatMul(state, g.initializer("wh", wh))))
+    g.output(op.MatMul(new, g.initializer("wy", wy)), "y")
+    g.output(new, "stateN")
+    return g.to_model()
+
+
+BUILTINS: dict[str, Any] = {"decoder": build_decoder, "rnn": build_rnn}
 
 
 def build_builtin(name: str):
@@ -266,7 +284,10 @@ def run_demo(output_dir: str, out=sys.stdout, steps: int = 24) -> int:
     state = {i.name: np.zeros([d if isinstance(d, int) else 1 for d in i.shape], np.float32)
              for i in sess.get_inputs() if i.name in feedback}
     feed_ids, position, worst, same = np.array([prompt], np.int64), 0, 0.0, True
-    for k in range(steps):
+    from tqdm import tqdm
+
+    for k in tqdm(range(steps), desc="onnxruntime check", unit="tok", file=sys.stderr, leave=False,
+                  disable=out is not sys.stdout):
         outs = sess.run(None, {"input_ids": feed_ids, "position": np.array(position, np.int64), **state})
         named = dict(zip([o.name for o in sess.get_outputs()], outs))
         position += feed_ids.shape[1]

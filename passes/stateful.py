@@ -1,7 +1,10 @@
 """``make_stateful``: rewrite a past/present decoder into an in-place stateful model.
 
-Supported family: the onnxruntime-genai layout, where ``com.microsoft``
-GroupQueryAttention reads ``past_key_values.N.key/value`` (inputs 3 and 4) and
+Three decoder families are supported. ``torch.onnx`` exports at opset 20 and 23
+(``present = Concat(past, new)``; the attention decomposed or standard ``Attention``)
+are rewritten by :mod:`onnxforge.passes.stateful_torch` (CacheUpdate in place,
+``Attention`` reading a Slice view of the valid prefix). In the onnxruntime-genai
+layout ``com.microsoft`` GroupQueryAttention reads ``past_key_values.N.key/value`` (inputs 3 and 4) and
 produces ``present.N.key/value`` (outputs 1 and 2). The rewrite makes each past a
 capacity-sized READ_WRITE buffer, puts GroupQueryAttention in shared-buffer mode
 (its present outputs MUST_ALIAS the past inputs, so the kernel writes the new rows
@@ -20,14 +23,18 @@ published + new tokens). Pairs come from ``bindings`` ({input: output}), else fr
 ``genai_config.json`` (its ``past_key_names`` / ``present_key_names`` patterns),
 else from the names ``past_key_values.N.key`` <-> ``present.N.key``. A pair the
 rewrite cannot make in place is a :class:`StatefulError` naming the input or output
-and why. An IR ``Model`` is rewritten in place and returned (like ``optimize``).
+and why, unless ``bindings`` names it: then it is bound as it is (an RNN's state fed
+back as an input), a persistent binding without an in-place rewrite. An IR ``Model``
+is rewritten in place and returned (like ``optimize``). A torch export at opset 20 has
+its decomposed attention fused into ``Attention`` first, which raises its opset to 23
+(:mod:`onnxforge.passes.attention_fusion`).
 """
 from __future__ import annotations
 
 import json
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -117,46 +124,33 @@ def _head_size(past: Value, config: Mapping[str, Any] | None) -> int:
                         f"is symbolic and no genai_config.json gives head_size")
 
 
-def make_stateful(model: Any, max_length: int, bindings: Mapping[str, str] | None = None, *,
-                  batch: int | None = None, genai_config: Mapping[str, Any] | None = None) -> Model:
-    """Rewrite ``model`` (IR, ModelProto, bytes or path) into an in-place stateful decoder.
+def _is_concat_cache(past: Value, present: Value) -> bool:
+    """``present`` is ``Concat(past, new)`` (the torch.onnx family)."""
+    n = present.producer()
+    return (n is not None and n.op_type == "Concat" and n.domain in ("", "ai.onnx")
+            and len(n.inputs) == 2 and n.inputs[0] is past)
 
-    ``max_length`` is the cache capacity; ``batch`` fixes a symbolic batch dimension;
-    ``genai_config`` overrides the ``genai_config.json`` found next to a model path.
-    """
-    if not isinstance(max_length, int) or max_length < 1:
-        raise StatefulError(f"max_length must be a positive int, got {max_length!r}")
-    m, config = _load(model)
-    config = genai_config if genai_config is not None else config
-    g = m.graph
-    if g.bindings:
-        raise StatefulError(f"the model already declares persistent bindings "
-                            f"{[(i.name, o.name) for i, o in g.bindings]}")
-    inputs = {v.name: v for v in g.inputs}
-    outputs = {v.name: v for v in g.outputs}
-    pairs = find_pairs(m, config, bindings)
-    plan: list[tuple[Value, Value, Node, int, int]] = []
-    for past_name, present_name in pairs.items():
-        past, present = inputs.get(past_name), outputs.get(present_name)
-        if past is None:
-            raise StatefulError(f"bound input {past_name!r} is not a graph input")
-        if present is None:
-            raise StatefulError(f"bound output {present_name!r} (for {past_name!r}) is not a graph output")
-        node = present.producer()
-        if node is None or (node.domain, node.op_type) != _GQA:
-            what = "a graph input" if node is None else f"{node.domain or 'ai.onnx'}::{node.op_type}"
-            raise StatefulError(f"output {present_name!r} is produced by {what}, not by "
-                                f"com.microsoft::GroupQueryAttention: no in-place rewrite for this "
-                                f"decoder family yet (input {past_name!r})")
-        out_i = present.index
-        in_i = out_i + 2  # present key/value (1, 2) <- past key/value (3, 4)
-        if out_i not in (1, 2) or len(node.inputs) <= in_i or node.inputs[in_i] is not past:
-            raise StatefulError(f"output {present_name!r} is GroupQueryAttention output {out_i}, but "
-                                f"input {past_name!r} is not that node's past input {in_i}")
-        if past.num_uses() != 1:
-            raise StatefulError(f"input {past_name!r} has {past.num_uses()} readers; an in-place "
-                                f"cache must be read only by its GroupQueryAttention")
-        plan.append((past, present, node, out_i, in_i))
+
+def _check_binding(inp: Value, out: Value) -> None:
+    """An input and the output bound to it: same element type and rank, equal concrete dims."""
+    ti, to = inp.type, out.type
+    if isinstance(ti, TensorType) and isinstance(to, TensorType):
+        if ti.elem_type != to.elem_type:
+            raise StatefulError(f"bindings[{inp.name!r}] = {out.name!r}: element types differ "
+                                f"({ti} vs {to})")
+        if ti.shape is not None and to.shape is not None:
+            if len(ti.shape) != len(to.shape):
+                raise StatefulError(f"bindings[{inp.name!r}] = {out.name!r}: ranks differ ({ti} vs {to})")
+            for i, (a, b) in enumerate(zip(ti.shape, to.shape)):
+                if isinstance(a, int) and isinstance(b, int) and a != b:
+                    raise StatefulError(f"bindings[{inp.name!r}] = {out.name!r}: dimension {i} is {a} "
+                                        f"on the input but {b} on the output")
+    elif type(ti) is not type(to):
+        raise StatefulError(f"bindings[{inp.name!r}] = {out.name!r}: types differ ({ti} vs {to})")
+
+
+def _convert_gqa(g: Any, plan: list[tuple[Value, Value, Node, int, int]], max_length: int,
+                 batch: int | None, config: Mapping[str, Any] | None) -> None:
     for past, present, node, out_i, in_i in plan:
         t = past.type
         if not isinstance(t, TensorType) or t.shape is None or len(t.shape) != 4:
@@ -172,6 +166,90 @@ def make_stateful(model: Any, max_length: int, bindings: Mapping[str, str] | Non
         if not any(a.output_index == out_i for a in node.output_alias):
             node.output_alias.append(Alias(out_i, in_i, MUST_ALIAS))
         g.bindings.append((past, present))
+
+
+def _gqa_plan(past: Value, present: Value, node: Node) -> tuple[Value, Value, Node, int, int]:
+    out_i = present.index
+    in_i = out_i + 2  # present key/value (1, 2) <- past key/value (3, 4)
+    if out_i not in (1, 2) or len(node.inputs) <= in_i or node.inputs[in_i] is not past:
+        raise StatefulError(f"output {present.name!r} is GroupQueryAttention output {out_i}, but "
+                            f"input {past.name!r} is not that node's past input {in_i}")
+    if past.num_uses() != 1:
+        raise StatefulError(f"input {past.name!r} has {past.num_uses()} readers; an in-place "
+                            f"cache must be read only by its GroupQueryAttention")
+    return past, present, node, out_i, in_i
+
+
+def make_stateful(model: Any, max_length: int, bindings: Mapping[str, str] | None = None, *,
+                  batch: int | None = None, genai_config: Mapping[str, Any] | None = None,
+                  cache: str = "contiguous", page_size: int = 16,
+                  formats: str | Sequence[str] = ("float32",)) -> Model:
+    """Rewrite ``model`` (IR, ModelProto, bytes or path) into an in-place stateful decoder.
+
+    ``max_length`` is the cache capacity; ``batch`` fixes a symbolic batch dimension;
+    ``genai_config`` overrides the ``genai_config.json`` found next to a model path.
+    A pair whose present is made by GroupQueryAttention or by ``Concat(past, new)``
+    becomes an in-place cache; with ``bindings=``, any other pair (an RNN's state) is
+    bound as it is (a persistent binding without an in-place rewrite).
+
+    ``cache="paged"`` makes each layer's keys and values one paged cache of
+    ``ceil(max_length / page_size)`` pages whose formats follow ``formats`` by age
+    (newest page first, the last repeating: ``"float32,int8,int4"``); see
+    :mod:`onnxforge.passes.stateful_paged`. A paged model serves one sequence (batch 1).
+    """
+    if not isinstance(max_length, int) or isinstance(max_length, bool) or max_length < 1:
+        raise StatefulError(f"max_length must be a positive int, got {max_length!r}")
+    if cache not in ("contiguous", "paged"):
+        raise StatefulError(f"cache must be 'contiguous' or 'paged', got {cache!r}")
+    if cache == "paged":
+        from onnxforge.passes.stateful_paged import parse_page_formats, to_paged
+
+        policy = parse_page_formats(formats)  # bad options fail before the model is touched
+        if not isinstance(page_size, int) or isinstance(page_size, bool) or page_size < 1 or page_size % 4:
+            raise StatefulError(f"page_size must be a positive multiple of 4, got {page_size!r}")
+        if batch not in (None, 1):
+            raise StatefulError(f"a paged cache serves one sequence: batch must be 1, got {batch}")
+        m = make_stateful(model, max_length, bindings, batch=1, genai_config=genai_config)
+        return to_paged(m, page_size, policy)
+    m, config = _load(model)
+    config = genai_config if genai_config is not None else config
+    g = m.graph
+    if g.bindings:
+        raise StatefulError(f"the model already declares persistent bindings "
+                            f"{[(i.name, o.name) for i, o in g.bindings]}")
+    inputs = {v.name: v for v in g.inputs}
+    outputs = {v.name: v for v in g.outputs}
+    pairs = find_pairs(m, config, bindings)
+    gqa: list[tuple[Value, Value, Node, int, int]] = []
+    concat: list[tuple[Value, Value]] = []
+    plain: list[tuple[Value, Value]] = []
+    for past_name, present_name in pairs.items():
+        past, present = inputs.get(past_name), outputs.get(present_name)
+        if past is None:
+            raise StatefulError(f"bound input {past_name!r} is not a graph input")
+        if present is None:
+            raise StatefulError(f"bound output {present_name!r} (for {past_name!r}) is not a graph output")
+        node = present.producer()
+        if node is not None and (node.domain, node.op_type) == _GQA:
+            gqa.append(_gqa_plan(past, present, node))
+        elif _is_concat_cache(past, present):
+            concat.append((past, present))
+        elif bindings:
+            _check_binding(past, present)
+            plain.append((past, present))
+        else:
+            what = "a graph input" if node is None else f"{node.domain or 'ai.onnx'}::{node.op_type}"
+            raise StatefulError(f"output {present_name!r} is produced by {what}, neither by "
+                                f"com.microsoft::GroupQueryAttention nor by Concat({past_name!r}, new): "
+                                f"no in-place rewrite applies; pass bindings={{{past_name!r}: "
+                                f"{present_name!r}}} to bind it as it is")
+    if concat:
+        from onnxforge.passes.stateful_torch import convert_concat_caches
+
+        _fuse_decomposed(m)
+        convert_concat_caches(m, concat, max_length, batch)
+    _convert_gqa(g, gqa, max_length, batch, config)
+    g.bindings.extend(plain)
     if batch is not None:
         for v in g.inputs:
             vt = v.type
@@ -179,3 +257,12 @@ def make_stateful(model: Any, max_length: int, bindings: Mapping[str, str] | Non
                     and v.access != READ_WRITE):
                 v.type = TensorType(vt.elem_type, (batch, *vt.shape[1:]))
     return m
+
+
+def _fuse_decomposed(m: Model) -> None:
+    from onnxforge.passes.attention_fusion import AttentionFusionError, fuse_attention
+
+    try:
+        fuse_attention(m)
+    except AttentionFusionError as e:
+        raise StatefulError(f"the decomposed attention cannot be fused: {e}") from None

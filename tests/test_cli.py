@@ -405,11 +405,12 @@ def _examples() -> dict[str, str]:
 
 
 def test_every_command_has_a_help_example():
-    assert set(_examples()) == {"inspect", "verify", "optimize", "export", "run", "generate", "demo"}
+    assert set(_examples()) == {"inspect", "verify", "optimize", "export", "run", "stateful", "generate",
+                                "demo"}
 
 
-@pytest.mark.parametrize("command", ["inspect", "verify", "optimize", "export", "run", "generate",
-                                     "demo"])
+@pytest.mark.parametrize("command", ["inspect", "verify", "optimize", "export", "run", "stateful",
+                                     "generate", "demo"])
 def test_each_help_example_runs_as_printed(command, tmp_path, monkeypatch, capsys):
     example = _examples()[command]
     assert example.startswith(f"onnxforge {command}")
@@ -472,3 +473,51 @@ def test_optimize_of_a_genai_folder_copies_its_sidecar_files(decoder_models, tmp
     config = json.loads((out / "genai_config.json").read_text())
     assert config["model"]["decoder"]["filename"] == "model.onnx"
     assert (out / "tokenizer.json").read_bytes() == (src.parent / "tokenizer.json").read_bytes()
+
+
+# ----------------------------------------------------------------------------- stateful
+
+
+def test_stateful_binds_a_recurrent_state_and_reports_it(tmp_path, capsys):
+    import onnxforge as of
+
+    out = tmp_path / "rnn.onnx"
+    assert main(["stateful", "builtin:rnn", "-o", str(out), "--max-length", "1", "--bind", "state=stateN",
+                 "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["capacity"] == 1
+    assert report["bindings"] == [{"input": "state", "output": "stateN", "in_place": False, "shape": [1, 8]}]
+    model = of.load(out)
+    assert [(i.name, o.name) for i, o in model.graph.bindings] == [("state", "stateN")]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--bind", "state"], "expected INPUT=OUTPUT"),
+    ([], "no past/present pairs found"),
+    (["--bind", "state=nope"], "'nope'"),
+])
+def test_stateful_usage_errors_exit_2_without_a_traceback(tmp_path, capsys, argv, message):
+    code = main(["stateful", "builtin:rnn", "-o", str(tmp_path / "o.onnx"), "--max-length", "1", *argv])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and "Traceback" not in err
+    assert not (tmp_path / "o.onnx").exists()
+
+
+@pytest.mark.slow
+def test_stateful_converts_a_genai_decoder_and_copies_its_config(decoder_models, tmp_path, capsys):
+    out = tmp_path / "stateful" / "model.onnx"
+    src = decoder_models["genai_fp32"]
+    assert main(["stateful", str(src), "-o", str(out), "--max-length", "64"]) == 0
+    text = capsys.readouterr().out
+    assert "bound past_key_values.0.key <- present.0.key  (in place, capacity 64)" in text
+    assert json.loads((out.parent / "genai_config.json").read_text())["model"]["decoder"]["filename"] == "model.onnx"
+
+
+@pytest.mark.slow
+def test_stateful_converts_a_torch_decoder(decoder_models, tmp_path, capsys):
+    out = tmp_path / "model.onnx"
+    assert main(["stateful", str(decoder_models["torch23"]), "-o", str(out), "--max-length", "32",
+                 "--batch", "1", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert len(report["bindings"]) == 8 and all(b["in_place"] for b in report["bindings"])
+    assert report["bindings"][0]["shape"] == [1, 2, 32, 32]

@@ -7,8 +7,11 @@ so one batched product per KV head reads the keys in place (no repeat of K/V).
 """
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
+from onnxforge.kernels_cy.errors import CacheRangeError, KernelError
 from onnxforge.kernels_cy.ops import fast
 from onnxforge.kernels_cy.ops.base import Kernel, NodeSpec, register
 
@@ -144,7 +147,12 @@ def _inert(mask) -> bool:
 
 @register("", "Attention")
 class Attention(Kernel):
-    """ONNX Attention (opsets 23/24): 3-D or 4-D Q/K/V, masks, causal, past, GQA."""
+    """ONNX Attention (opsets 23/24): 3-D or 4-D Q/K/V, masks, causal, past, GQA.
+
+    K and V may be strided views (a prefix of a capacity-sized cache, ``Slice`` along the
+    sequence axis) with fewer heads than Q: query head ``h`` reads KV head ``h // (Nq /
+    Nkv)`` through products on the views, so the cache is neither copied nor repeated.
+    Without present outputs, nothing but ``Y`` is produced."""
 
     def __init__(self, spec: NodeSpec):
         super().__init__(spec)
@@ -195,8 +203,10 @@ class Attention(Kernel):
                 y = self._one_query(q, present_k, present_v, scale, three)
             if y is None:
                 y = self._fast(q, present_k, present_v, mask, past_k, scale, three)
+            if self.n_out == 1:  # K and V may be views of a cache: never copied for nothing
+                return y
             outs = (y, np.ascontiguousarray(present_k), np.ascontiguousarray(present_v))
-            return y if self.n_out == 1 else outs[:self.n_out]
+            return outs[:self.n_out]
         bias = np.zeros((s, t), dtype=dt)
         if mask is not None:
             if mask.dtype == np.bool_:
@@ -251,6 +261,8 @@ class Attention(Kernel):
         if three:
             y = y.transpose(0, 2, 1, 3).reshape(b, s, -1)
         y = np.ascontiguousarray(y)
+        if self.n_out == 1:
+            return y
         outs = [y, np.ascontiguousarray(present_k), np.ascontiguousarray(present_v)]
         if self.n_out > 3:
             qk_out = {2: biased, 3: p}.get(self.mode, qk)
@@ -309,7 +321,10 @@ class GroupQueryAttention(Kernel):
     padding). With ``do_rotary`` the queries and keys are rotated at those positions.
     When the node aliases present to past (output_alias), the new keys and values
     are written into the past buffer in place and the buffer is returned;
-    otherwise present is a new [B, Nkv, max(total, past), H] buffer.
+    otherwise present is a new [B, Nkv, max(total, past), H] buffer. In place, a
+    write below a state buffer's published length (rule R3) or past its capacity is
+    a :class:`CacheRangeError` before any write; the new length (``seqlens_k + 1``
+    per row) is recorded for the state to publish.
     """
 
     def __init__(self, spec: NodeSpec):
@@ -334,6 +349,32 @@ class GroupQueryAttention(Kernel):
                         and self.nq // self.nkv <= 16)
         self._start = np.zeros(1, dtype=np.int64)  # query start and valid length of a one-row call
         self._total = np.zeros(1, dtype=np.int64)
+        from onnxforge.kernels_cy.session import current_lengths
+
+        self._lengths = current_lengths
+
+    def _floors(self, past_k, past_v, p0: object, s: int) -> object:
+        """Check the in-place write at rows ``p0`` (int or [B]) against the published lengths
+        of the shared buffers; returns the run's length record (None: untracked)."""
+        ctx = self._lengths()
+        if ctx is None:
+            return None
+        for buf in (past_k, past_v):
+            floor = ctx.floor(buf)
+            if floor is not None and np.any(np.asarray(p0) < np.asarray(floor)):
+                raise CacheRangeError(f"{self.spec_path}: writes new tokens at {np.asarray(p0).tolist()}, "
+                                      f"below the published length {floor} of {ctx.name(buf)!r} "
+                                      f"(rule R3: a run writes only at or above it)")
+        return ctx
+
+    @staticmethod
+    def _wrote(ctx: Any, past_k, past_v, end: Any) -> None:
+        if ctx is not None:
+            length = int(end) if np.ndim(end) == 0 else tuple(int(e) for e in end)
+            if not isinstance(length, int) and len(set(length)) == 1:
+                length = length[0]
+            ctx.wrote(past_k, length)
+            ctx.wrote(past_v, length)
 
     def run(self, q, k=None, v=None, past_k=None, past_v=None, seqlens_k=None, total_len=None,
             cos_cache=None, sin_cache=None, position_ids=None, attention_bias=None, head_sink=None):
@@ -362,9 +403,12 @@ class GroupQueryAttention(Kernel):
         total = int(np.asarray(total_len).reshape(-1)[0])
         cap = past_k.shape[2] if past_k is not None else 0
         past_len = np.maximum(seqlens - s, 0)
+        ctx = None
         if self.shared:
             if np.any(past_len + s > cap):
-                raise self.error(f"new tokens at {past_len.tolist()} + {s} exceed the buffer capacity {cap}")
+                raise CacheRangeError(f"{self.spec_path}: new tokens at {past_len.tolist()} + {s} exceed "
+                                      f"the buffer capacity {cap}")
+            ctx = self._floors(past_k, past_v, past_len, s)
         if self.rotary:
             if position_ids is not None:
                 pos = np.asarray(position_ids, dtype=np.int64).reshape(b, s)
@@ -407,6 +451,7 @@ class GroupQueryAttention(Kernel):
             work = int(totals.sum()) * nq * h * 2
             fast.gqa_attention(qs, pk, pv, totals, out, float(scale), query_start=past_len,
                                softcap=float(self.softcap), num_threads=self.spec_threads(work))
+            self._wrote(ctx, pk, pv, past_len + s)
             y = out.reshape(b, s, nq * h)
             return (y, pk, pv)[:self.n_out] if self.n_out > 1 else y
         for i in range(b):
@@ -433,6 +478,7 @@ class GroupQueryAttention(Kernel):
                 out[i] = _softcap_attention(qi, kk, vv, scale, bias, self.softcap).transpose(1, 0, 2)
             else:
                 out[i] = grouped_attention(qi, kk, vv, scale, bias).transpose(1, 0, 2)
+        self._wrote(ctx, pk, pv, past_len + s)
         y = out.reshape(b, s, nq * h)
         return (y, pk, pv)[:self.n_out] if self.n_out > 1 else y
 
@@ -444,9 +490,12 @@ class GroupQueryAttention(Kernel):
         s, nkv, h = qs.shape[1], self.nkv, qs.shape[3]
         cap = past_k.shape[2] if past_k is not None else 0
         p0 = seq - s if seq > s else 0
+        ctx = None
         if self.shared:
             if p0 + s > cap:
-                raise self.error(f"new tokens at {[p0]} + {s} exceed the buffer capacity {cap}")
+                raise CacheRangeError(f"{self.spec_path}: new tokens at {[p0]} + {s} exceed the buffer "
+                                      f"capacity {cap}")
+            ctx = self._floors(past_k, past_v, p0, s)
             pk, pv = past_k, past_v
         else:
             plen = total if total > cap else cap
@@ -477,6 +526,7 @@ class GroupQueryAttention(Kernel):
         out = np.empty(qs.shape[:2] + (self.nq, h), dtype=F32)
         fast.gqa_attention(qr, pk, pv, self._total, out, self.scale, query_start=self._start,
                            softcap=self.softcap, num_threads=self.spec_threads(tot * self.nq * h * 2))
+        self._wrote(ctx, pk, pv, p0 + s)
         y = out.reshape(1, s, self.nq * h)
         return (y, pk, pv)[:self.n_out] if self.n_out > 1 else y
 
@@ -567,15 +617,44 @@ class MatMulNBits(Kernel):
 
 @register("ai.onnxforge", "CacheUpdate")
 class CacheUpdate(Kernel):
-    """Writes ``values`` into ``cache`` at ``position`` along ``axis`` in place; returns ``cache``."""
+    """Writes ``values`` into ``cache`` at ``position`` along ``axis`` in place; returns ``cache``.
+
+    Every check comes before the write: a negative position, ``position + n`` past
+    the capacity, or (for a state buffer) a position below its published length
+    (rule R3) is a :class:`CacheRangeError` and nothing is written. The new valid
+    length ``position + n`` is recorded for the state to publish."""
 
     fresh = False
 
     def __init__(self, spec: NodeSpec):
         super().__init__(spec)
         self.axis = spec.int("axis", -2)
+        from onnxforge.kernels_cy.session import current_lengths
+
+        self._lengths = current_lengths
 
     def run(self, cache, values, position):
+        ctx = self._lengths()
+        floor = ctx.floor(cache) if ctx is not None else None
+        if (fast.cache_update is not None and isinstance(position, np.ndarray) and position.ndim == 0
+                and position.dtype.kind in "iu" and isinstance(floor, (int, type(None)))):
+            pos = int(position)  # the common decode step: one scalar position, the compiled copy
+            if floor is not None and 0 <= pos < floor:  # a negative one: the kernel's range error
+                raise self._below(pos, floor, ctx.name(cache))
+            try:
+                end = fast.cache_update(cache, values, pos, self.axis)
+            except KernelError as e:  # checked before the first byte is written
+                raise type(e)(f"{self.spec_path}: {e}") from None
+            if floor is not None:
+                ctx.wrote(cache, end)
+            return cache
+        return self._general(cache, values, position, ctx, floor)
+
+    def _below(self, pos: object, floor: object, name: object) -> CacheRangeError:
+        return CacheRangeError(f"{self.spec_path}: position {pos} is below the published length {floor} "
+                               f"of {name!r} (rule R3: a run writes only at or above it)")
+
+    def _general(self, cache, values, position, ctx, floor):
         if not isinstance(cache, np.ndarray) or not cache.flags.writeable:
             raise self.error("the cache buffer is not writable")
         if values.dtype != cache.dtype:
@@ -589,10 +668,13 @@ class CacheUpdate(Kernel):
         if pos.size not in (1, cache.shape[0]):
             raise self.error(f"position has {pos.size} entries for batch {cache.shape[0]}")
         if pos.size and (pos.min() < 0 or pos.max() + n > cap):
-            raise self.error(f"position {pos.tolist()} + {n} new entries is outside the capacity {cap}")
+            raise CacheRangeError(f"{self.spec_path}: position {pos.tolist()} + {n} new entries is outside "
+                                  f"the capacity {cap}")
         for i, d in enumerate(values.shape):
             if i != a and d != cache.shape[i]:
                 raise self.error(f"values shape {values.shape} does not match the cache {cache.shape}")
+        if floor is not None and np.any(pos < np.asarray(floor)):
+            raise self._below(pos.tolist(), floor, ctx.name(cache))
         if pos.size == 1:
             idx = [slice(None)] * cache.ndim
             idx[a] = slice(int(pos[0]), int(pos[0]) + n)
@@ -603,4 +685,6 @@ class CacheUpdate(Kernel):
                 idx[a] = slice(int(pos[b]), int(pos[b]) + n)
                 vidx = [b] + [slice(None)] * (cache.ndim - 1)
                 cache[tuple(idx)] = values[tuple(vidx)]
+        if floor is not None:
+            ctx.wrote(cache, int(pos[0]) + n if pos.size == 1 else tuple(int(p) + n for p in pos))
         return cache

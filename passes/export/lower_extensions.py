@@ -24,6 +24,9 @@ compute the same logical values, statelessly:
   ``TensorScatter(cache, values, write_indices)`` (opset 24, the position
   broadcast to ``[batch]``) or, below opset 24, ``ScatterElements`` with the
   indices ``position[b] + j`` (the same result);
+* ``PagedCacheUpdate`` and ``PagedAttention`` have no lowering: export rejects
+  them with :data:`UNLOWERABLE_EXTENSIONS`' reason (a paged cache has no
+  standard form);
 * **persistent bindings** of the main graph are removed and returned as a
   ``{input: output}`` mapping (recorded by the driver in ``metadata_props``);
 * **aliases** (``output_alias``, ``alias_of``, ``access``) are stripped: the
@@ -62,6 +65,7 @@ __all__ = [
     "LowerContext",
     "LoweringError",
     "NodeLowering",
+    "UNLOWERABLE_EXTENSIONS",
     "affine_opset",
     "decoder_output_type",
     "elem_type",
@@ -570,6 +574,15 @@ EXTENSION_NODE_LOWERINGS: dict[tuple[str, str], NodeLowering] = {
         _cache_update_opset, _cache_update_preferred),
 }
 """Lowerings of ``ai.onnxforge`` operators, keyed by ``(domain, op_type)``."""
+
+_PAGED_WHY = ("a paged KV cache has no standard ONNX form: its pages are runtime-owned encoded values, "
+              "each in its own format, updated in place; run the model on onnxforge's backend, or "
+              "build it with a contiguous cache (CacheUpdate) to export it")
+UNLOWERABLE_EXTENSIONS: dict[tuple[str, str], str] = {
+    (ONNXFORGE_DOMAIN, "PagedCacheUpdate"): _PAGED_WHY,
+    (ONNXFORGE_DOMAIN, "PagedAttention"): _PAGED_WHY,
+}
+"""``ai.onnxforge`` operators standard export rejects on purpose, with the reason."""
 
 
 # --------------------------------------------------------------------------- bindings, aliases

@@ -57,6 +57,7 @@ from onnxforge.passes.domains import canonical_domain, imported_version, is_defa
 from onnxforge.passes.export.lower_extensions import (
     DECODER_DOMAIN,
     EXTENSION_NODE_LOWERINGS,
+    UNLOWERABLE_EXTENSIONS,
     Emitter,
     LowerContext,
     NodeLowering,
@@ -153,7 +154,9 @@ def _node_construct(node: Node, path: str, model: Model, keep: frozenset[str]) -
     rule = NODE_LOWERINGS.get((dom, node.op_type))
     label = f"{dom + '::' if dom else ''}{node.op_type}"
     if rule is None:
-        if dom in STANDARD_DOMAINS:
+        if (dom, node.op_type) in UNLOWERABLE_EXTENSIONS:
+            why = f"{label} cannot be exported: {UNLOWERABLE_EXTENSIONS[(dom, node.op_type)]}"
+        elif dom in STANDARD_DOMAINS:
             version = imported_version(model.opset_imports, dom)
             why = (f"operator {label} has no schema at opset {version}" if version is not None
                    else f"domain of {label} is not imported")

@@ -148,3 +148,7 @@ def register_function_runner(runner: FunctionRunner | None) -> FunctionRunner | 
 def function_runner() -> FunctionRunner | None:
     """The registered decoder-function runner, or None (``onnx.reference`` runs them)."""
     return _RUNNER[0]
+
+
+# The paged KV cache's page formats (codecs.kvpages) register their decoders on import.
+from onnxforge.proto_ext.codecs import kvpages as _kvpages  # noqa: E402,F401  (registers)

@@ -16,6 +16,7 @@ from onnxforge.proto_ext.verify import catalogue_rules as _catalogue_rules  # no
 from onnxforge.proto_ext.verify import graph_rules as _graph_rules  # noqa: F401 (registers)
 from onnxforge.proto_ext.verify import alias_rules as _alias_rules  # noqa: F401 (registers)
 from onnxforge.proto_ext.verify import inplace_rules as _inplace_rules  # noqa: F401 (registers)
+from onnxforge.proto_ext.verify import paged_rules as _paged_rules  # noqa: F401 (registers)
 from onnxforge.proto_ext.verify import external_rules as _external_rules  # noqa: F401 (registers)
 from onnxforge.proto_ext.verify.core import run_checks
 from onnxforge.proto_ext.verify.wire import wire_violations

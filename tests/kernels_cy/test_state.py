@@ -165,10 +165,10 @@ def test_a_second_concurrent_call_is_rejected():
     entered, release = threading.Event(), threading.Event()
     inner = st.session.run
 
-    def slow_run(names, feeds):
+    def slow_run(names, feeds, **kw):
         entered.set()
         release.wait(10)
-        return inner(names, feeds)
+        return inner(names, feeds, **kw)
 
     st._session.run = slow_run  # the first call holds the state while it runs
     errors: list[BaseException] = []
