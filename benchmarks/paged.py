@@ -22,11 +22,10 @@ import argparse
 import os
 import sys
 import time
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
-
 from onnxforge.kernels_cy._attention import gqa_attention
 from onnxforge.kernels_cy.paged import PAGE_FORMATS, PagedKVCache, page_nbytes
 
@@ -123,6 +122,7 @@ def _decode_table(variant: str, prompt_len: int, steps: int, threads: int, repea
     """Per-token decode latency: contiguous in-place caches vs paged caches per policy."""
     from onnxforge.kernels_cy.state import make_state
     from onnxforge.passes.stateful import make_stateful
+
     from tests.fixtures.decoders import build_all
 
     root = Path(os.environ.get("ONNXFORGE_FIXTURE_DIR", Path(__file__).resolve().parents[1] / ".fixture-cache"))

@@ -26,7 +26,6 @@ import time
 from typing import Any
 
 import numpy as np
-
 from onnxforge.graphbuilder.ir import Model
 from onnxforge.kernels_cy.errors import FeedError, StateError
 

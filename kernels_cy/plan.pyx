@@ -68,6 +68,8 @@ cdef class Counters:
 cdef inline long long _nbytes(object a):
     if cnp.PyArray_Check(a):
         return cnp.PyArray_NBYTES(<cnp.ndarray>a)
+    if cnp.PyArray_IsAnyScalar(a) and hasattr(a, "nbytes"):  # a 0-d result as a numpy scalar
+        return a.nbytes
     return 0
 
 

@@ -68,7 +68,6 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 import numpy as np
-
 from onnxforge.graphbuilder.ir import READ_WRITE, Model, Value
 from onnxforge.kernels_cy.errors import (
     StateAliasError,
@@ -78,7 +77,13 @@ from onnxforge.kernels_cy.errors import (
     StateFeedError,
     StateInitError,
 )
-from onnxforge.kernels_cy.session import InferenceSession, Length, RunLengths, _load, is_structured
+from onnxforge.kernels_cy.session import (
+    InferenceSession,
+    Length,
+    RunLengths,
+    _load,
+    is_structured,
+)
 from onnxforge.proto_ext.dtypes import np_dtype
 from onnxforge.proto_ext.errors import CodecError
 from onnxforge.proto_ext.types import StructType, TensorType
@@ -394,7 +399,10 @@ class State:
         meta = {_LENGTHS_KEY: json.dumps({k: _json_length(v) for k, v in self._lengths.items()}),
                 _FIELDS_KEY: json.dumps(fields)}
         if paged:  # the caches' wire form: one extended ModelProto of encoded pages
-            from onnxforge.proto_ext.codecs.kvcache import PagedCacheValue, cache_to_bytes
+            from onnxforge.proto_ext.codecs.kvcache import (
+                PagedCacheValue,
+                cache_to_bytes,
+            )
 
             data = cache_to_bytes({k: PagedCacheValue.from_cache(c) for k, c in paged.items()})
             arrays[_PAGED_KEY] = np.frombuffer(data, np.uint8)

@@ -35,7 +35,7 @@ def _data_files(path: str) -> list[str]:
     except OSError:
         return []
     return [os.path.join(folder, n) for n in names
-            if n != base and (n.startswith(base + ".") or n.startswith(stem + ".")) and n.endswith(".data")]
+            if n != base and n.startswith((base + ".", stem + ".")) and n.endswith(".data")]
 
 
 def is_large(source: object, min_bytes: int | None = None) -> bool:

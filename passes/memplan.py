@@ -17,8 +17,8 @@ run allocates for node outputs. The rule, which the backend's counters follow:
   releases it (a view keeps its source's buffer alive); a buffer returned by
   the run (a graph output, bound outputs included) is live to the end
   (kind ``result``; the others are kind ``buffer``);
-* graph inputs and initializers are not allocated by the run (kinds ``input``
-  and ``constant``). Storage that outlives the run, a READ_WRITE or
+* graph inputs, initializers and ``Constant`` nodes (decoded once when a plan
+  is built) are not allocated by the run (kinds ``input`` and ``constant``). Storage that outlives the run, a READ_WRITE or
   persistently bound input (kind ``state``), is counted once in
   ``state_bytes`` however many values alias it, and never released or reused.
 
@@ -158,9 +158,12 @@ def memory_plan(model: Model, ctx: ShapesContext | None = None, *, effects: Effe
     for i, n in enumerate(lv.order):
         if (n.attributes and n.subgraphs()) or (n.domain, n.op_type, n.overload) in model.functions:
             nested.append(n)
+        constant = n.op_type == "Constant" and n.domain in ("", "ai.onnx") and not n.inputs
         for o in n.outputs:
             if not o.name:
                 kind[o] = "absent"
+            elif constant:
+                kind[o] = "constant"  # decoded once when the plan is built, like an initializer
             elif fx.root(o) is not o:
                 kind[o] = "in_place"
             elif lv.storage_of(o) is not o:

@@ -30,18 +30,25 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from onnxforge.graphbuilder.ir import MUST_ALIAS, READ_WRITE, Alias, Graph, Model, Node, Value
-from onnxforge.graphbuilder.names import NameScope
+from onnxforge.graphbuilder.ir import (
+    MUST_ALIAS,
+    READ_WRITE,
+    Alias,
+    Graph,
+    Model,
+    Node,
+    Value,
+)
 from onnxforge.graphbuilder.opschemas import ONNXFORGE_DOMAIN
 from onnxforge.graphbuilder.storage import Storage
-from onnxforge.graphbuilder.tensors import Tensor
 from onnxforge.passes.dce import eliminate_dead_code
 from onnxforge.passes.domains import is_default_domain
-from onnxforge.passes.records import make_attrs
 from onnxforge.passes.stateful import StatefulError
+from onnxforge.passes.stateful_torch import Emitter
 from onnxforge.passes.topo import schedule
 from onnxforge.proto_ext.codecs.kvcache import cache_declaration
-from onnxforge.proto_ext.codecs.kvpages import FORMATS as PAGE_FORMATS, declare_or_reuse
+from onnxforge.proto_ext.codecs.kvpages import FORMATS as PAGE_FORMATS
+from onnxforge.proto_ext.codecs.kvpages import declare_or_reuse
 from onnxforge.proto_ext.types import StructType, TensorType
 
 __all__ = ["parse_page_formats", "to_paged"]
@@ -67,26 +74,6 @@ def parse_page_formats(formats: str | Sequence[str]) -> tuple[str, ...]:
 
 def _where(n: Node) -> str:
     return f"{n.domain or 'ai.onnx'}::{n.op_type} {n.name!r}"
-
-
-class _Emit:
-    def __init__(self, model: Model):
-        self.g = model.graph
-        self.names = NameScope.from_model(model)
-
-    def node(self, op: str, inputs: Sequence[Value | None], out_type: Any, *, before: Node,
-             domain: str = "", hint: str = "", **attrs: Any) -> Value:
-        out = Value(self.names.fresh(hint or op), out_type)
-        n = Node(domain, op, list(inputs), [out], name=self.names.fresh(f"paged/{hint or op}"),
-                 attributes=make_attrs(attrs, StatefulError, f"paged {op} node {hint!r}"))
-        self.g.insert_before(before, n)
-        return out
-
-    def const(self, array: Any, hint: str) -> Value:
-        arr = np.array(array, dtype=np.int64, order="C")
-        v = Value(self.names.fresh(hint), TensorType(_INT64, tuple(arr.shape)))
-        self.g.add_initializer(v, Tensor.from_numpy(arr))
-        return v
 
 
 class _Layer:
@@ -173,11 +160,11 @@ def _present_name(present: Value, index: int) -> str:
     return f"paged_cache_out.{index}"
 
 
-def _heads(em: _Emit, x: Value, heads: int, head_dim: int, before: Node, hint: str) -> Value:
+def _heads(em: Emitter, x: Value, heads: int, head_dim: int, before: Node, hint: str) -> Value:
     """[1, S, H*D] -> [1, H, S, D]."""
     t = x.type
     s = t.shape[1] if isinstance(t, TensorType) and t.shape and len(t.shape) == 3 else None
-    r = em.node("Reshape", [x, em.const([0, 0, heads, head_dim], "heads_shape")],
+    r = em.node("Reshape", [x, em.const(np.array([0, 0, heads, head_dim], np.int64), "heads_shape")],
                 TensorType(_FLOAT, (1, s, heads, head_dim)), before=before, hint=f"{hint}/split_heads")
     return em.node("Transpose", [r], TensorType(_FLOAT, (1, heads, s, head_dim)), before=before,
                    hint=f"{hint}/heads_first", perm=[0, 2, 1, 3])
@@ -199,32 +186,34 @@ def to_paged(model: Model, page_size: int, formats: Sequence[str]) -> Model:
         if t.shape[0] not in (1, None) and not isinstance(t.shape[0], str):
             raise StatefulError(f"input {layer.k_past.name!r}: a paged cache serves one sequence "
                                 f"(batch 1), got batch {t.shape[0]}")
-        h, _cap, d = layer.geometry
+        d = layer.geometry[2]
         if d % 32 or page_size % 4:
             raise StatefulError(f"input {layer.k_past.name!r}: paged formats need head_dim % 32 == 0 "
                                 f"and page_size % 4 == 0, got head_dim {d}, page_size {page_size}")
-    em = _Emit(model)
+    em = Emitter(model)
     for index, layer in enumerate(layers):
         _convert_layer(model, em, layer, index, page_size, policy)
     if ONNXFORGE_DOMAIN not in model.opset_imports:
         model.opset_imports[ONNXFORGE_DOMAIN] = 1
     for v in g.inputs:  # one sequence
         vt = v.type
-        if isinstance(vt, TensorType) and vt.shape and not isinstance(vt.shape[0], int) and v.access != READ_WRITE:
+        if (isinstance(vt, TensorType) and vt.shape and not isinstance(vt.shape[0], int)
+                and v.access != READ_WRITE):
             v.type = TensorType(vt.elem_type, (1, *vt.shape[1:]))
     eliminate_dead_code(model)
     g.reorder(schedule(g, Storage(model)))
     return model
 
 
-def _convert_layer(model: Model, em: _Emit, layer: _Layer, index: int, page_size: int,
+def _convert_layer(model: Model, em: Emitter, layer: _Layer, index: int, page_size: int,
                    policy: tuple[str, ...]) -> None:
     g = model.graph
     h, capacity, d = layer.geometry
     num_pages = math.ceil(capacity / page_size)
     type_id = declare_or_reuse(model.struct_types,
                                lambda i: cache_declaration(h, page_size, d, num_pages, policy, i))
-    cache = Value(em.names.fresh(_layer_name(layer.k_past, index)), StructType(kind="type_ref", type_ref=type_id))
+    cache = Value(em.names.fresh(_layer_name(layer.k_past, index)),
+                  StructType(kind="type_ref", type_ref=type_id))
     cache.access = READ_WRITE
     g.add_input(cache)
     n = layer.attention
@@ -251,8 +240,9 @@ def _convert_layer(model: Model, em: _Emit, layer: _Layer, index: int, page_size
         one = TensorType(_INT64, (1,))
         total64 = em.node("Cast", [total], TensorType(_INT64, ()), before=n, hint="total_length", to=_INT64)
         new = em.node("Shape", [q], one, before=n, hint="new_length", start=1, end=2)
-        pos1 = em.node("Sub", [em.node("Reshape", [total64, em.const([1], "one_d")], one, before=n,
-                                       hint="total_1d"), new], one, before=n, hint="position_1d")
+        total1 = em.node("Reshape", [total64, em.const(np.array([1], np.int64), "one_d")], one,
+                         before=n, hint="total_1d")
+        pos1 = em.node("Sub", [total1, new], one, before=n, hint="position_1d")
         position = em.node("Reshape", [pos1, em.const(np.zeros((0,), np.int64), "scalar")],
                            TensorType(_INT64, ()), before=n, hint="position")
         if n.attr("do_rotary", 0):
@@ -274,8 +264,9 @@ def _convert_layer(model: Model, em: _Emit, layer: _Layer, index: int, page_size
                      domain=ONNXFORGE_DOMAIN, hint=f"{cache.name}/attention", **attrs)
         ot = em.node("Transpose", [o4], TensorType(_FLOAT, (1, s, q_heads, d)), before=n,
                      hint=f"{cache.name}/heads_last", perm=[0, 2, 1, 3])
-        out = em.node("Reshape", [ot, em.const([0, 0, q_heads * d], "merge_shape")], n.outputs[0].type,
-                      before=n, hint=f"{cache.name}/merge_heads")
+        merge = em.const(np.array([0, 0, q_heads * d], np.int64), "merge_shape")
+        out = em.node("Reshape", [ot, merge], n.outputs[0].type, before=n,
+                      hint=f"{cache.name}/merge_heads")
     upd.producer().output_alias.append(Alias(0, 0, MUST_ALIAS))
     upd.alias_of = cache
     n.outputs[0].replace_all_uses_with(out, outputs=True)

@@ -57,7 +57,7 @@ from onnxforge.passes.stateful_mask import capacity_mask
 from onnxforge.passes.topo import schedule
 from onnxforge.proto_ext.types import TensorType
 
-__all__ = ["convert_concat_caches"]
+__all__ = ["Emitter", "convert_concat_caches"]
 
 _INT64 = 7
 _RANK = 4
@@ -68,7 +68,7 @@ def _where(n: Node) -> str:
     return f"{n.domain or 'ai.onnx'}::{n.op_type} {n.name!r}"
 
 
-class _Emit:
+class Emitter:
     """Nodes and small constants with names unused in the model."""
 
     def __init__(self, model: Model):
@@ -174,7 +174,7 @@ def convert_concat_caches(model: Model, pairs: Sequence[tuple[Value, Value]], ma
     for _, _, _, reads in checked:
         for n, _ in reads:
             _check_attention(n)
-    em = _Emit(model)
+    em = Emitter(model)
     first = next(iter(g), None)
     total_sym = mask.type.shape[1] if isinstance(mask.type, TensorType) and mask.type.shape else None
     one_d = TensorType(_INT64, (1,))
@@ -213,7 +213,7 @@ def convert_concat_caches(model: Model, pairs: Sequence[tuple[Value, Value]], ma
     g.reorder(schedule(g, Storage(model)))
 
 
-def _reroute_shape(em: _Emit, n: Node, published: Value, ids: Value) -> None:
+def _reroute_shape(em: Emitter, n: Node, published: Value, ids: Value) -> None:
     """``Shape(past, start, end)`` reads the published length for the sequence axis,
     ``Shape(input_ids)[0]`` for the batch and the declared sizes of the other axes (the
     past's shape itself is read only where such a size is symbolic)."""

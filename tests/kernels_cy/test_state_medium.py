@@ -6,13 +6,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import onnxruntime as ort
 import pytest
-
 from onnxforge.kernels_cy.state import make_state
 from onnxforge.passes.stateful import make_stateful
+
 from tests.conftest import decoder_fixture_dir
 from tests.fixtures.decoders import MEDIUM_QWEN3, build_all
+from tests.kernels_cy.helpers import ort_greedy
 
 PROMPT = [5, 17, 42, 7, 99, 3, 250, 11]
 STEPS = 16
@@ -24,27 +24,11 @@ def medium_path() -> Path:
     return build_all(decoder_fixture_dir(), which="genai_medium")["genai_medium"]
 
 
-def _ort_greedy(path: Path) -> tuple[list[int], list[np.ndarray]]:
-    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    names = [o.name for o in sess.get_outputs()]
-    kv, h = MEDIUM_QWEN3["num_key_value_heads"], MEDIUM_QWEN3["head_dim"]
-    past = {i.name: np.zeros((1, kv, 0, h), np.float32) for i in sess.get_inputs()
-            if i.name.startswith("past_key_values")}
-    ids, total, tokens, logits = PROMPT, 0, [], []
-    for _ in range(STEPS):
-        total += len(ids)
-        out = dict(zip(names, sess.run(None, {"input_ids": np.array([ids], np.int64),
-                                             "attention_mask": np.ones((1, total), np.int64), **past})))
-        past = {k: out[k.replace("past_key_values", "present")] for k in past}
-        logits.append(out["logits"][0, -1])
-        ids = [int(out["logits"][0, -1].argmax())]
-        tokens.append(ids[0])
-    return tokens, logits
-
-
 @pytest.mark.slow
 def test_medium_decoder_decodes_like_onnxruntime_in_place(medium_path: Path):
-    expected_tokens, expected_logits = _ort_greedy(medium_path)
+    expected_tokens, expected_logits = ort_greedy(medium_path, PROMPT, STEPS,
+                                                  kv_heads=MEDIUM_QWEN3["num_key_value_heads"],
+                                                  head_dim=MEDIUM_QWEN3["head_dim"])
     model = make_stateful(str(medium_path), max_length=CAPACITY, batch=1)
     kv, h, layers = (MEDIUM_QWEN3[k] for k in ("num_key_value_heads", "head_dim", "num_hidden_layers"))
     assert [p.type.shape for p, _ in model.graph.bindings] == [(1, kv, CAPACITY, h)] * (2 * layers)

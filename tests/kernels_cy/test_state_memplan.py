@@ -106,8 +106,6 @@ def test_persistent_values_are_never_released_or_reused():
     np.testing.assert_array_equal(st.values["cache"][0, :6], 1.0)  # every write kept
 
 
-@pytest.mark.xfail(strict=True, reason="0-d results of elementwise kernels are numpy scalars, which the "
-                   "run loop's byte counter (plan.pyx _nbytes) does not count")
 def test_scalar_results_are_counted_like_the_plan():
     m, *_ = _cache_model(snapshot=False, keepdims=0)
     plan = memory_plan(m)
@@ -116,8 +114,6 @@ def test_scalar_results_are_counted_like_the_plan():
     assert st.last_run.allocated_bytes == plan.allocated_bytes
 
 
-@pytest.mark.xfail(strict=True, reason="passes/memplan.py counts a Constant node's output as a buffer; the "
-                   "backend folds it at plan time and allocates nothing")
 def test_constant_nodes_are_counted_like_the_plan():
     g = GraphBuilder(opset=23)
     x = g.input("x", F, [4])

@@ -6,7 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import onnxruntime as ort
 import pytest
 from onnxforge.kernels_cy.errors import CacheRangeError
 from onnxforge.kernels_cy.paged import PagedKVCache
@@ -14,32 +13,13 @@ from onnxforge.kernels_cy.state import make_state
 from onnxforge.passes.stateful import StatefulError, make_stateful
 
 import onnxforge as of
+from tests.kernels_cy.helpers import ort_greedy
 
 PROMPT = [5, 17, 42, 7, 99]
 NEW = 16
 CAPACITY = 64
 PAGE = 8
 FAMILIES = ["torch20", "torch23", "genai_fp32", "genai_int4"]
-
-
-def _ort_reference(path: Path, prompt: list[int], new: int) -> tuple[list[int], list[np.ndarray]]:
-    """Greedy decode with onnxruntime on the original model, past <- present by hand."""
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 3
-    sess = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
-    names = [o.name for o in sess.get_outputs()]
-    past = {i.name: np.zeros((1, 2, 0, 32), np.float32) for i in sess.get_inputs()
-            if i.name.startswith("past_key_values")}
-    ids, total, tokens, logits = prompt, 0, [], []
-    for _ in range(new):
-        total += len(ids)
-        out = dict(zip(names, sess.run(None, {"input_ids": np.array([ids], np.int64),
-                                             "attention_mask": np.ones((1, total), np.int64), **past})))
-        past = {k: out[k.replace("past_key_values", "present")] for k in past}
-        logits.append(out["logits"][0, -1])
-        ids = [int(out["logits"][0, -1].argmax())]
-        tokens.append(ids[0])
-    return tokens, logits
 
 
 def _decode(state, prompt: list[int], new: int, *, start: int = 0, forced: list[int] | None = None):
@@ -74,7 +54,7 @@ def _caches(state) -> dict[str, PagedKVCache]:
 @pytest.mark.parametrize("family", FAMILIES)
 def test_paged_float32_decodes_like_the_contiguous_cache_and_onnxruntime(decoder_models, family):
     path = decoder_models[family]
-    want_tokens, want_logits = _ort_reference(path, PROMPT, NEW)
+    want_tokens, want_logits = ort_greedy(path, PROMPT, NEW)
     contiguous = make_state(make_stateful(str(path), max_length=CAPACITY, batch=1))
     c_tokens, c_logits, _, _ = _decode(contiguous, PROMPT, NEW)
     state = make_state(_paged(path))
@@ -97,7 +77,7 @@ def test_paged_float32_decodes_like_the_contiguous_cache_and_onnxruntime(decoder
 @pytest.mark.parametrize("family", ["torch23", "genai_fp32"])
 def test_int8_pages_stay_close_to_the_float_run(decoder_models, family):
     path = decoder_models[family]
-    want_tokens, _ = _ort_reference(path, PROMPT, NEW)
+    want_tokens, _ = ort_greedy(path, PROMPT, NEW)
     f_tokens, f_logits, _, _ = _decode(make_state(_paged(path)), PROMPT, NEW)
     assert f_tokens == want_tokens
     # over the same contexts (onnxruntime's float tokens fed to both), the int8 run's

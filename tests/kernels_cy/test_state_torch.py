@@ -2,8 +2,6 @@
 onnxruntime on the original past/present model, with the caches updated in place."""
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import onnxruntime as ort
 import pytest
@@ -16,29 +14,12 @@ from onnxforge.kernels_cy.state import make_state
 from onnxforge.passes.stateful import make_stateful
 
 import onnxforge as of
+from tests.kernels_cy.helpers import ort_greedy
 
 PROMPT = [5, 17, 42, 7, 99]
 NEW = 16
 CAPACITY = len(PROMPT) + NEW
 FAMILIES = ["torch20", "torch23"]
-
-
-def _ort_reference(path: Path, prompt: list[int], new: int) -> tuple[list[int], list[np.ndarray]]:
-    """Greedy decode with onnxruntime on the original model, past <- present by hand."""
-    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    names = [o.name for o in sess.get_outputs()]
-    past = {i.name: np.zeros((1, 2, 0, 32), np.float32) for i in sess.get_inputs()
-            if i.name.startswith("past_key_values")}
-    ids, total, tokens, logits = prompt, 0, [], []
-    for _ in range(new):
-        total += len(ids)
-        out = dict(zip(names, sess.run(None, {"input_ids": np.array([ids], np.int64),
-                                             "attention_mask": np.ones((1, total), np.int64), **past})))
-        past = {k: out[k.replace("past_key_values", "present")] for k in past}
-        logits.append(out["logits"][0, -1])
-        ids = [int(out["logits"][0, -1].argmax())]
-        tokens.append(ids[0])
-    return tokens, logits
 
 
 def _decode(state, prompt: list[int], new: int):
@@ -59,7 +40,7 @@ def _decode(state, prompt: list[int], new: int):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_stateful_torch_decoder_decodes_like_onnxruntime_in_place(decoder_models, family):
     path = decoder_models[family]
-    expected_tokens, expected_logits = _ort_reference(path, PROMPT, NEW)
+    expected_tokens, expected_logits = ort_greedy(path, PROMPT, NEW)
     model = make_stateful(str(path), max_length=CAPACITY, batch=1)
     of.verify(model)
     st = make_state(model)
@@ -189,7 +170,7 @@ def test_generate_converts_a_torch_decoder_first(decoder_models):
     from onnxforge.kernels_cy.cli_state import generate
 
     path = decoder_models["torch20"]
-    expected, _ = _ort_reference(path, PROMPT, 6)
+    expected, _ = ort_greedy(path, PROMPT, 6)
     report = generate(str(path), PROMPT, 6, progress=False)
     assert report["tokens"] == expected
     assert report["copied_bytes"] == [0] * 6
