@@ -10,7 +10,9 @@ BLAS: a decode step's products are tiny ([1, 128] x [128, 512]); a threaded
 OpenBLAS call then costs more in wake-ups than it saves, and with a loaded
 machine a descheduled worker stalls the caller. :data:`BLAS` sets the pool size
 through OpenBLAS's own setter, only when it changes: one thread below
-:data:`BLAS_PARALLEL_WORK` multiply-adds, the session's bound above it. A session
+:data:`BLAS_PARALLEL_WORK` multiply-adds over a weight smaller than
+:data:`BLAS_PARALLEL_BYTES`, the session's bound otherwise (a one-row product over
+a large weight is bandwidth-bound, and two cores stream it faster than one). A session
 run calls :meth:`BlasThreads.begin` / :meth:`BlasThreads.end` so the caller's
 setting is restored when the run returns (threads=N bounds BLAS for the run).
 
@@ -25,9 +27,11 @@ from typing import Any
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-__all__ = ["BLAS", "BLAS_PARALLEL_WORK", "BlasThreads"]
+__all__ = ["BLAS", "BLAS_PARALLEL_BYTES", "BLAS_PARALLEL_WORK", "BlasThreads"]
 
-BLAS_PARALLEL_WORK = 1 << 21  # multiply-adds: below this a BLAS product runs on one thread
+BLAS_PARALLEL_WORK = 1 << 21  # multiply-adds: below this a BLAS product runs on one thread...
+BLAS_PARALLEL_BYTES = 3 << 19  # ...unless its weight is this large (a one-row product streams it;
+# measured on 2 cores: [1, 512] x [512, 1536] 1.3x faster on 2 threads, [512, 512] not)
 
 
 class BlasThreads:
@@ -68,9 +72,9 @@ class BlasThreads:
                 lib.set_num_threads(n)
             self.current = n
 
-    def for_work(self, work: int) -> None:
-        """Pool size for a product of ``work`` multiply-adds."""
-        self.want(1 if work < BLAS_PARALLEL_WORK else self.bound)
+    def for_work(self, work: int, weight_bytes: int = 0) -> None:
+        """Pool size for a product of ``work`` multiply-adds over a ``weight_bytes`` operand."""
+        self.want(1 if work < BLAS_PARALLEL_WORK and weight_bytes < BLAS_PARALLEL_BYTES else self.bound)
 
     def end(self, saved: int | None) -> None:
         """Restore the setting :meth:`begin` returned."""

@@ -361,7 +361,13 @@ class GroupQueryAttention(Kernel):
             return None
         for buf in (past_k, past_v):
             floor = ctx.floor(buf)
-            if floor is not None and np.any(np.asarray(p0) < np.asarray(floor)):
+            if floor is None:
+                continue
+            if isinstance(p0, int) and isinstance(floor, int):  # one row: no arrays
+                below = p0 < floor
+            else:
+                below = bool(np.any(np.asarray(p0) < np.asarray(floor)))
+            if below:
                 raise CacheRangeError(f"{self.spec_path}: writes new tokens at {np.asarray(p0).tolist()}, "
                                       f"below the published length {floor} of {ctx.name(buf)!r} "
                                       f"(rule R3: a run writes only at or above it)")

@@ -19,7 +19,7 @@ class MatMul(Kernel):
     runs BLAS on one thread (``threads.BLAS``)."""
 
     def run(self, a, b):
-        BLAS.for_work(a.size * b.shape[-1])
+        BLAS.for_work(a.size * b.shape[-1], b.nbytes)
         return np.matmul(a, b)
 
 
@@ -35,7 +35,7 @@ class Gemm(Kernel):
     def run(self, a, b, c=None):
         a = a.T if self.ta else a
         b = b.T if self.tb else b
-        BLAS.for_work(a.size * b.shape[-1])
+        BLAS.for_work(a.size * b.shape[-1], b.nbytes)
         y = np.matmul(a, b)
         if self.alpha != 1.0:
             y *= y.dtype.type(self.alpha)

@@ -268,6 +268,23 @@ def test_blas_threads_are_bounded_for_small_products_and_restored_after_a_run():
     assert libs[0].get_num_threads() == before
 
 
+def test_one_row_products_over_large_weights_use_the_runs_threads():
+    from onnxforge.kernels_cy.threads import BLAS_PARALLEL_BYTES
+
+    saved = BLAS.begin(2)
+    try:
+        BLAS.for_work(512, 512 * 4)  # a small product over a small weight: one thread
+        assert BLAS.current == 1
+        BLAS.for_work(1536, BLAS_PARALLEL_BYTES)  # one row over a large weight streams it
+        assert BLAS.current == 2
+        BLAS.for_work(BLAS_PARALLEL_WORK, 0)  # much arithmetic
+        assert BLAS.current == 2
+        BLAS.for_work(BLAS_PARALLEL_WORK - 1, BLAS_PARALLEL_BYTES - 1)
+        assert BLAS.current == 1
+    finally:
+        BLAS.end(saved)
+
+
 @pytest.mark.parametrize("baseline", [False, True])
 @pytest.mark.parametrize("zp_kind", [None, "uint8", "float"])
 def test_matmul_nbits_one_row_fused_path_matches_float64(baseline, zp_kind):
