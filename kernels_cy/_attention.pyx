@@ -25,6 +25,9 @@ from libc.math cimport INFINITY, expf, tanhf, sqrtf
 
 include "_common.pxi"
 
+cdef extern from *:
+    void __builtin_prefetch(const void* p, int rw, int locality) noexcept nogil
+
 __all__ = ["MAX_HEAD_DIM", "gqa_attention"]
 
 cdef enum:
@@ -50,11 +53,23 @@ cdef void _attend_group(const float* q0, Py_ssize_t qhs, Py_ssize_t G,
         den[g] = 0.0
         for d in range(D):
             acc[g][d] = 0.0
+    cdef Py_ssize_t pf, pn, line
     j0 = lo
     while j0 < hi:
         nb = hi - j0
         if nb > BLK:
             nb = BLK
+        # the next block's key and value rows, one cache line at a time (two streams that
+        # the hardware prefetcher follows poorly once the cache is larger than L2)
+        pn = hi - j0 - nb
+        if pn > BLK:
+            pn = BLK
+        for pf in range(pn):
+            line = 0
+            while line < D:
+                __builtin_prefetch(kb + (j0 + nb + pf) * ks + line, 0, 3)
+                __builtin_prefetch(vb + (j0 + nb + pf) * vs + line, 0, 3)
+                line = line + 16
         of_qk(q0, qhs, G, kb + j0 * ks, ks, nb, D, scale, &sc[0][0], BLK)
         for g in range(G):
             if softcap > 0.0:
