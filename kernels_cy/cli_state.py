@@ -154,7 +154,9 @@ def generate(model: Model | str, prompt: list[int], new: int, *, threads: int | 
             raise StateError(f"prompt ({len(prompt)}) + new tokens ({new}) exceed the cache capacity {cap}")
         report: dict[str, Any] = {"tokens": [], "step_ms": [], "cache_bytes": [], "allocated_bytes": [],
                                   "copied_bytes": [], "cache_addresses": []}
-        paged = [b.input for b in state.bindings if b.structured and hasattr(state.values[b.input], "page_formats")]
+        values = state.values  # a paged cache is updated in place: the same object every step
+        paged = {b.input: values[b.input] for b in state.bindings
+                 if b.structured and hasattr(values[b.input], "page_formats")}
         if paged:
             report["page_formats"] = []
         from tqdm import tqdm
@@ -181,8 +183,7 @@ def generate(model: Model | str, prompt: list[int], new: int, *, threads: int | 
             report["copied_bytes"].append(c.copied_bytes)
             report["cache_addresses"].append(state.addresses())
             if paged:
-                values = state.values
-                report["page_formats"].append({k: values[k].page_formats() for k in paged})
+                report["page_formats"].append({k: c.page_formats() for k, c in paged.items()})
             ids = [token]
         return report
     finally:

@@ -80,6 +80,7 @@ from onnxforge.kernels_cy.errors import (
 from onnxforge.kernels_cy.session import (
     InferenceSession,
     Length,
+    RunCounters,
     RunLengths,
     _load,
     is_structured,
@@ -92,12 +93,9 @@ __all__ = ["Binding", "State", "StateCounters", "make_state"]
 
 
 @dataclass(frozen=True, slots=True)
-class StateCounters:
+class StateCounters(RunCounters):
     """Counters of the last successful run: the session's, plus the bytes the state holds."""
 
-    allocated_bytes: int = 0
-    copied_bytes: int = 0
-    peak_bytes: int = 0
     cache_bytes: int = 0
 
 

@@ -135,8 +135,9 @@ def _per_channel(conv: Node, w: np.ndarray, c: np.ndarray) -> np.ndarray | None:
     return np.broadcast_to(full.reshape(-1).astype(np.float64), (ch,))
 
 
-def _fuse_mul(m: Match) -> Value | None:
-    # (W*x + b) * c = (c*W)*x + c*b, c per output channel
+def _conv_and_channel_constant(m: Match) -> tuple[Node, np.ndarray, np.ndarray, np.ndarray] | None:
+    """The Conv of a match, its weight, its bias in float64 (zeros without one) and the
+    per-output-channel constant ``c``; None when the match does not fuse."""
     parts = _conv_parts(m)
     if parts is None:
         return None
@@ -144,21 +145,24 @@ def _fuse_mul(m: Match) -> Value | None:
     c = _per_channel(conv, w, m.const("c"))
     if c is None:
         return None
-    ch = c.shape[0]
-    b64 = np.zeros(ch) if b is None else b.astype(np.float64)
+    return conv, w, np.zeros(c.shape[0]) if b is None else b.astype(np.float64), c
+
+
+def _fuse_mul(m: Match) -> Value | None:
+    # (W*x + b) * c = (c*W)*x + c*b, c per output channel
+    found = _conv_and_channel_constant(m)
+    if found is None:
+        return None
+    conv, w, b64, c = found
     return _rebuild(m, conv, _scale_weights(conv, w, c), b64 * c, w.dtype)
 
 
 def _fuse_add(m: Match) -> Value | None:
     # (W*x + b) + c = W*x + (b + c), c per output channel
-    parts = _conv_parts(m)
-    if parts is None:
+    found = _conv_and_channel_constant(m)
+    if found is None:
         return None
-    conv, w, b = parts
-    c = _per_channel(conv, w, m.const("c"))
-    if c is None:
-        return None
-    b64 = np.zeros(c.shape[0]) if b is None else b.astype(np.float64)
+    conv, w, b64, c = found
     return _rebuild(m, conv, w.astype(np.float64), b64 + c, w.dtype)
 
 

@@ -246,21 +246,21 @@ class _ShapeFolder:
             return
         dims = self.ctx.shape_of(x)
         new: list[int] = []
+        known: list[int] = []  # the entries given as numbers
         unknown = 0
         for i, e in enumerate(st.flat()):
             if e is not None and not isinstance(e, SymExpr):
                 new.append(int(e))
+                known.append(int(e))
             elif e is not None and dims is not None and i < len(dims) and _same_dim(dims[i], e):
                 new.append(0)
             else:
                 unknown += 1
                 new.append(-1)
-        if unknown > 1 or (unknown == 1 and any(v <= 0 for i, v in enumerate(new)
-                                                 if st.flat()[i] is not None
-                                                 and not isinstance(st.flat()[i], SymExpr))):
-            return  # -1 infers the entry only when every other one is a known positive size
-        if unknown == 1 and new.count(0):
-            return  # a copied dimension may be 0 at run time, and -1 cannot be inferred then
+        if unknown > 1 or (unknown == 1 and (any(v <= 0 for v in known) or new.count(0))):
+            # -1 infers the entry only when every other one is a known positive size (a
+            # copied dimension may be 0 at run time, and -1 cannot be inferred then)
+            return
         if any(v < -1 for v in new) or new.count(-1) > 1:
             return
         const = self._constant(c, n, np.array(new, dtype=np.int64), target)

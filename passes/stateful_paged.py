@@ -146,18 +146,12 @@ def _layers(model: Model) -> list[_Layer]:
     return layers
 
 
-def _layer_name(past: Value, index: int) -> str:
+def _layer_name(key: Value, fallback: str) -> str:
+    """``past_key_values.0.key`` -> ``past_key_values.0`` (the layer's cache name)."""
     for suffix in (".key", "_key", ".k"):
-        if past.name.endswith(suffix):
-            return past.name[: -len(suffix)]
-    return f"paged_cache.{index}"
-
-
-def _present_name(present: Value, index: int) -> str:
-    for suffix in (".key", "_key", ".k"):
-        if present.name.endswith(suffix):
-            return present.name[: -len(suffix)]
-    return f"paged_cache_out.{index}"
+        if key.name.endswith(suffix):
+            return key.name[: -len(suffix)]
+    return fallback
 
 
 def _heads(em: Emitter, x: Value, heads: int, head_dim: int, before: Node, hint: str) -> Value:
@@ -212,7 +206,7 @@ def _convert_layer(model: Model, em: Emitter, layer: _Layer, index: int, page_si
     num_pages = math.ceil(capacity / page_size)
     type_id = declare_or_reuse(model.struct_types,
                                lambda i: cache_declaration(h, page_size, d, num_pages, policy, i))
-    cache = Value(em.names.fresh(_layer_name(layer.k_past, index)),
+    cache = Value(em.names.fresh(_layer_name(layer.k_past, f"paged_cache.{index}")),
                   StructType(kind="type_ref", type_ref=type_id))
     cache.access = READ_WRITE
     g.add_input(cache)
@@ -225,7 +219,7 @@ def _convert_layer(model: Model, em: Emitter, layer: _Layer, index: int, page_si
         q_heads = int(q.type.shape[1]) if isinstance(q.type, TensorType) and q.type.shape else 0
         scale = n.attr("scale")
         upd = em.node("PagedCacheUpdate", [cache, key, value, position], cache.type, before=uk,
-                      domain=ONNXFORGE_DOMAIN, hint=_present_name(layer.k_present, index))
+                      domain=ONNXFORGE_DOMAIN, hint=_layer_name(layer.k_present, f"paged_cache_out.{index}"))
         attrs: dict[str, Any] = {"num_heads": q_heads, "kv_num_heads": h}
         if scale is not None:
             attrs["scale"] = float(scale)
@@ -255,7 +249,7 @@ def _convert_layer(model: Model, em: Emitter, layer: _Layer, index: int, page_si
         q4 = _heads(em, q, q_heads, d, n, "q")
         k4, v4 = _heads(em, key, h, d, n, "k"), _heads(em, value, h, d, n, "v")
         upd = em.node("PagedCacheUpdate", [cache, k4, v4, position], cache.type, before=n,
-                      domain=ONNXFORGE_DOMAIN, hint=_present_name(layer.k_present, index))
+                      domain=ONNXFORGE_DOMAIN, hint=_layer_name(layer.k_present, f"paged_cache_out.{index}"))
         attrs = {"num_heads": q_heads, "kv_num_heads": h}
         if scale is not None and float(scale) != 0.0:
             attrs["scale"] = float(scale)
@@ -281,12 +275,11 @@ def _convert_layer(model: Model, em: Emitter, layer: _Layer, index: int, page_si
             o.alias_of = None
         node.output_alias.clear()
     g.remove(n, safe=False)
-    for node in layer.updates or ():
+    for node in layer.updates or ():  # their Slice views fed only the removed attention
         for o in node.outputs:
-            if o.num_uses():
-                for user, _ in list(o.uses()):
-                    if user.graph is g:
-                        g.remove(user, safe=False)
+            for user, _ in list(o.uses()):
+                if user.graph is g:
+                    g.remove(user, safe=False)
         g.remove(node, safe=False)
     for past in (layer.k_past, layer.v_past):
         for user, _ in list(past.uses()):
