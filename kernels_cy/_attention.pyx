@@ -17,13 +17,21 @@ The caches may be capacity-sized (the in-place stateful path: only the first
 [batch, kv_heads, length, head_dim] layout with any strides except a unit-stride
 last axis. Query heads ``h`` read KV head ``h // (heads // kv_heads)``; the heads
 of one group are processed together so each cache row is read once per query.
-Work: B * kv_heads * S items in parallel; per item a fixed stack workspace of
+Work: B * kv_heads * S items in parallel on the shared worker pool (``_pool.h``); per item a fixed stack workspace of
 ``(16 * 64 + 16 * 256 + 32) * 4`` bytes (no heap).
 """
-from cython.parallel cimport prange
 from libc.math cimport INFINITY, expf, tanhf, sqrtf
 
 include "_common.pxi"
+
+cdef extern from "_pool_api.h":
+    ctypedef void (*of_task_fn)(void* ctx, long i) noexcept nogil
+    int of_pool_import() except -1
+    void of_pool_parallel_for(long n, of_task_fn fn, void* ctx, int threads) nogil
+
+import onnxforge.kernels_cy._pool  # noqa: F401  (the pool's owner must be imported first)
+
+of_pool_import()
 
 cdef extern from *:
     void __builtin_prefetch(const void* p, int rw, int locality) noexcept nogil
@@ -107,6 +115,51 @@ cdef cnp.ndarray _int_lengths(object a, str k, str name, Py_ssize_t B):
     return cnp.PyArray_FROMANY(arr, cnp.NPY_INT64, 1, 1, cnp.NPY_ARRAY_C_CONTIGUOUS)
 
 
+ctypedef struct _GqaJob:
+    const char* qp
+    const char* kp
+    const char* vp
+    char* op
+    cnp.npy_intp* qst
+    cnp.npy_intp* kst
+    cnp.npy_intp* vst
+    cnp.npy_intp* ost
+    const int64_t* tv
+    const int64_t* sv
+    Py_ssize_t length_offset
+    Py_ssize_t local_window
+    Py_ssize_t S
+    Py_ssize_t Hkv
+    Py_ssize_t grp
+    Py_ssize_t D
+    float scale
+    float softcap
+
+
+cdef void _gqa_item(void* ctx, long item) noexcept nogil:
+    """One (batch row, KV head, query token) of :func:`gqa_attention`."""
+    cdef _GqaJob* j = <_GqaJob*>ctx
+    cdef Py_ssize_t S = j.S, Hkv = j.Hkv, grp = j.grp
+    cdef Py_ssize_t b = item // (Hkv * S), g = (item // S) % Hkv, s = item % S
+    cdef Py_ssize_t tot = j.tv[b] + j.length_offset
+    cdef Py_ssize_t pos = (j.sv[b] if j.sv != NULL else tot - S) + s
+    cdef Py_ssize_t hi = pos + 1 if pos + 1 < tot else tot
+    cdef Py_ssize_t lo = 0, h0, nh
+    if j.local_window > 0 and pos + 1 - j.local_window > 0:
+        lo = pos + 1 - j.local_window
+    cdef const float* kb = <const float*>(j.kp + b * j.kst[0] + g * j.kst[1])
+    cdef const float* vb = <const float*>(j.vp + b * j.vst[0] + g * j.vst[1])
+    h0 = g * grp
+    while h0 < (g + 1) * grp:
+        nh = (g + 1) * grp - h0
+        if nh > MAXG:
+            nh = MAXG
+        _attend_group(<const float*>(j.qp + b * j.qst[0] + s * j.qst[1] + h0 * j.qst[2]), j.qst[2] // 4,
+                      nh, kb, j.kst[2] // 4, vb, j.vst[2] // 4, lo, hi, j.D, j.scale, j.softcap,
+                      <float*>(j.op + b * j.ost[0] + s * j.ost[1] + h0 * j.ost[2]), j.ost[2] // 4)
+        h0 = h0 + nh
+
+
 def gqa_attention(q, k_cache, v_cache, total_len, out, float scale=0.0, *, int length_offset=0,
                   query_start=None, float softcap=0.0, int local_window=-1, num_threads=None):
     """Grouped-query causal attention over the valid prefix of a KV cache.
@@ -160,39 +213,25 @@ def gqa_attention(q, k_cache, v_cache, total_len, out, float scale=0.0, *, int l
     nt = _fit_threads(nt, B * Hkv * S, 4.0 * B * S * Hq * D * maxtot)
     if scale == 0.0:
         scale = 1.0 / sqrtf(<float>D)
-    cdef const char* qp = <const char*>cnp.PyArray_DATA(qa)
-    cdef const char* kp = <const char*>cnp.PyArray_DATA(ka)
-    cdef const char* vp = <const char*>cnp.PyArray_DATA(va)
-    cdef char* op = <char*>cnp.PyArray_DATA(oa)
-    cdef cnp.npy_intp* qst = cnp.PyArray_STRIDES(qa)
-    cdef cnp.npy_intp* kst = cnp.PyArray_STRIDES(ka)
-    cdef cnp.npy_intp* vst = cnp.PyArray_STRIDES(va)
-    cdef cnp.npy_intp* ost = cnp.PyArray_STRIDES(oa)
-    cdef Py_ssize_t grp = Hq // Hkv, item, g, s, pos, lo, hi, h0, nh
-    cdef const float* kb
-    cdef const float* vb
+    cdef _GqaJob job
+    job.qp = <const char*>cnp.PyArray_DATA(qa)
+    job.kp = <const char*>cnp.PyArray_DATA(ka)
+    job.vp = <const char*>cnp.PyArray_DATA(va)
+    job.op = <char*>cnp.PyArray_DATA(oa)
+    job.qst = cnp.PyArray_STRIDES(qa)
+    job.kst = cnp.PyArray_STRIDES(ka)
+    job.vst = cnp.PyArray_STRIDES(va)
+    job.ost = cnp.PyArray_STRIDES(oa)
+    job.tv = &tv[0]
+    job.sv = &sv[0] if has_start else NULL
+    job.length_offset = length_offset
+    job.local_window = local_window
+    job.S = S
+    job.Hkv = Hkv
+    job.grp = Hq // Hkv
+    job.D = D
+    job.scale = scale
+    job.softcap = softcap
     with nogil:
-        for item in prange(B * Hkv * S, num_threads=nt, schedule="static", chunksize=1):
-            b = item // (Hkv * S)
-            g = (item // S) % Hkv
-            s = item % S
-            tot = tv[b] + length_offset
-            pos = (sv[b] if has_start else tot - S) + s
-            hi = pos + 1
-            if hi > tot:
-                hi = tot
-            lo = 0
-            if local_window > 0 and pos + 1 - local_window > 0:
-                lo = pos + 1 - local_window
-            kb = <const float*>(kp + b * kst[0] + g * kst[1])
-            vb = <const float*>(vp + b * vst[0] + g * vst[1])
-            h0 = g * grp
-            while h0 < (g + 1) * grp:
-                nh = (g + 1) * grp - h0
-                if nh > MAXG:
-                    nh = MAXG
-                _attend_group(<const float*>(qp + b * qst[0] + s * qst[1] + h0 * qst[2]), qst[2] // 4,
-                              nh, kb, kst[2] // 4, vb, vst[2] // 4, lo, hi, D, scale, softcap,
-                              <float*>(op + b * ost[0] + s * ost[1] + h0 * ost[2]), ost[2] // 4)
-                h0 = h0 + nh
+        of_pool_parallel_for(B * Hkv * S, _gqa_item, &job, nt)
     return out

@@ -20,6 +20,44 @@ from libc.stdlib cimport malloc, free
 
 include "_common.pxi"
 
+cdef extern from "_pool_api.h":
+    ctypedef void (*of_task_fn)(void* ctx, long i) noexcept nogil
+    int of_pool_import() except -1
+    void of_pool_parallel_for(long n, of_task_fn fn, void* ctx, int threads) nogil
+
+import onnxforge.kernels_cy._pool  # noqa: F401  (the pool's owner must be imported first)
+
+of_pool_import()
+
+
+ctypedef struct _RowJob:
+    const uint8_t* bp
+    const float* scp
+    const uint8_t* zpu
+    const float* zpf
+    const float* biasp
+    const float* ap
+    const float* asum
+    float* op
+    Py_ssize_t nblk
+    Py_ssize_t half
+    Py_ssize_t zrow
+    Py_ssize_t N
+    Py_ssize_t chunk
+
+
+cdef void _row_task(void* ctx, long t) noexcept nogil:
+    """Outputs ``[t * chunk, (t + 1) * chunk)`` of a one-row product straight from the codes."""
+    cdef _RowJob* j = <_RowJob*>ctx
+    cdef Py_ssize_t n, n1 = (t + 1) * j.chunk
+    if n1 > j.N:
+        n1 = j.N
+    for n in range(t * j.chunk, n1):
+        j.op[n] = of_q4dot32(j.bp + n * j.nblk * j.half, j.scp + n * j.nblk,
+                             j.zpu + n * j.zrow if j.zpu != NULL else NULL,
+                             j.zpf + n * j.nblk if j.zpf != NULL else NULL,
+                             j.ap, j.asum, j.nblk) + (j.biasp[n] if j.biasp != NULL else 0.0)
+
 __all__ = ["matmul_nbits"]
 
 
@@ -111,6 +149,7 @@ def matmul_nbits(a, b_quant, scales, zero_points, Py_ssize_t K, Py_ssize_t N, ou
     cdef int* failp = &failed
     cdef float* asum = NULL
     cdef Py_ssize_t kb, i
+    cdef _RowJob job
     if M == 1 and block_size == 32 and K == kpad:
         # one activation row: a fused per-block product that never writes a dequantized row
         asum = <float*>malloc(nblk * sizeof(float))
@@ -122,11 +161,21 @@ def matmul_nbits(a, b_quant, scales, zero_points, Py_ssize_t K, Py_ssize_t N, ou
                 for i in range(32):
                     acc = acc + ap[kb * 32 + i]
                 asum[kb] = acc
-            for n in prange(N, num_threads=nt, schedule="static"):
-                op[n] = of_q4dot32(bp + n * nblk * half, scp + n * nblk,
-                                   zpu + n * zrow if zpu != NULL else NULL,
-                                   zpf + n * nblk if zpf != NULL else NULL,
-                                   ap, asum, nblk) + (biasp[n] if biasp != NULL else 0.0)
+        job.bp = bp
+        job.scp = scp
+        job.zpu = zpu
+        job.zpf = zpf
+        job.biasp = biasp
+        job.ap = ap
+        job.asum = asum
+        job.op = op
+        job.nblk = nblk
+        job.half = half
+        job.zrow = zrow
+        job.N = N
+        job.chunk = (N + 4 * nt - 1) // (4 * nt) if nt > 1 else N
+        with nogil:
+            of_pool_parallel_for((N + job.chunk - 1) // job.chunk if N > 0 else 0, _row_task, &job, nt)
         free(asum)
         return out
     with nogil, parallel(num_threads=nt):

@@ -30,6 +30,15 @@ from libc.string cimport memcpy, memset
 
 include "_common.pxi"
 
+cdef extern from "_pool_api.h":
+    ctypedef void (*of_task_fn)(void* ctx, long i) noexcept nogil
+    int of_pool_import() except -1
+    void of_pool_parallel_for(long n, of_task_fn fn, void* ctx, int threads) nogil
+
+import onnxforge.kernels_cy._pool  # noqa: F401  (the pool's owner must be imported first)
+
+of_pool_import()
+
 __all__ = ["FORMAT_NAMES", "MAXG", "attention", "decode_page", "encode_rows", "init_page",
            "page_bytes", "workspace_floats"]
 
@@ -663,6 +672,30 @@ cdef inline Py_ssize_t _block_keys(Py_ssize_t P) noexcept nogil:
     return P * (64 // P) if P < 64 else P
 
 
+ctypedef struct _PagesJob:
+    const float* q
+    Py_ssize_t G
+    const int64_t* addr
+    const int32_t* fmts
+    Py_ssize_t H
+    Py_ssize_t nparts
+    Py_ssize_t total
+    Py_ssize_t P
+    Py_ssize_t D
+    float scale
+    float* ws
+    Py_ssize_t wstride
+    float* out
+
+
+cdef void _pages_task(void* ctx, long part) noexcept nogil:
+    """KV heads ``[part * H / nparts, (part + 1) * H / nparts)`` of a one-token call, with
+    workspace row ``part``."""
+    cdef _PagesJob* j = <_PagesJob*>ctx
+    _attend_pages(j.q, j.G, j.addr, j.fmts, part * j.H // j.nparts, (part + 1) * j.H // j.nparts,
+                  j.total, j.H, j.P, j.D, j.scale, j.ws + part * j.wstride, j.out)
+
+
 cdef void _attend_pages(const float* q, Py_ssize_t G, const int64_t* addr, const int32_t* fmts,
                         Py_ssize_t h0, Py_ssize_t h1, Py_ssize_t hi, Py_ssize_t H, Py_ssize_t P,
                         Py_ssize_t D, float scale, float* ws, float* out) noexcept nogil:
@@ -759,15 +792,25 @@ def attention(const float[:, :, ::1] q, const int64_t[::1] addr, const int32_t[:
     cdef const int32_t* fp = &fmts[0]
     cdef float* wp = &ws[0, 0]
     cdef Py_ssize_t wstride = ws.shape[1]
-    cdef Py_ssize_t nparts, part, hb, he
+    cdef Py_ssize_t nparts
+    cdef _PagesJob pj
     if S == 1 and grp <= MAXG_:
         nparts = num_threads if num_threads < H else H
+        pj.q = qp
+        pj.G = grp
+        pj.addr = ap
+        pj.fmts = fp
+        pj.H = H
+        pj.nparts = nparts
+        pj.total = total
+        pj.P = P
+        pj.D = D
+        pj.scale = scale
+        pj.ws = wp
+        pj.wstride = wstride
+        pj.out = op
         with nogil:
-            for part in prange(nparts, num_threads=nparts, schedule="static", chunksize=1):
-                hb = part * H // nparts
-                he = (part + 1) * H // nparts
-                _attend_pages(qp, grp, ap, fp, hb, he, total, H, P, D, scale,
-                              wp + threadid() * wstride, op)
+            of_pool_parallel_for(nparts, _pages_task, &pj, <int>nparts)
         return
     if num_threads > items:
         num_threads = <int>items

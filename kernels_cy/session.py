@@ -42,6 +42,7 @@ import numpy as np
 from onnxforge.graphbuilder.ir import READ_WRITE, Model, Value
 from onnxforge.kernels_cy.compile import compile_model
 from onnxforge.kernels_cy.errors import BackendError, FeedError
+from onnxforge.kernels_cy.ops import fast
 from onnxforge.kernels_cy.plan import Counters
 from onnxforge.kernels_cy.threads import BLAS
 from onnxforge.proto_ext.dtypes import np_dtype
@@ -297,9 +298,13 @@ class InferenceSession:
         saved = BLAS.begin(self._bound)
         outer = getattr(_CURRENT, "lengths", None)
         _CURRENT.lengths = lengths
+        if fast.pool_run_begins is not None:
+            fast.pool_run_begins()
         try:
             outs = self._cg.program.run(args, mem)
         finally:
+            if fast.pool_run_ends is not None:
+                fast.pool_run_ends()
             _CURRENT.lengths = outer
             BLAS.end(saved)
             self.last_run = RunCounters(int(mem.allocated), int(mem.copied), int(mem.peak))

@@ -27,3 +27,7 @@ matmul_nbits = cython_kernel("_matmul_nbits", "matmul_nbits")
 softmax = cython_kernel("_softmax", "softmax")
 sigmoid = cython_kernel("_softmax", "sigmoid")
 cache_update = cython_kernel("_cache", "cache_update")
+gemv = cython_kernel("_gemv", "gemv")
+# the shared worker pool: a session marks its runs so the workers spin only during one
+pool_run_begins = cython_kernel("_pool", "run_begins")
+pool_run_ends = cython_kernel("_pool", "run_ends")

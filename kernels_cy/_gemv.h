@@ -1,0 +1,69 @@
+/* One-row products y = x @ W (x [K], W [K, N] with unit column stride), the decode step's
+ * shape: bandwidth-bound, so each task streams a contiguous range of W's rows once.
+ *
+ * A task owns rows [k0, k1) and columns [j0, j1) and accumulates into its own output
+ * buffer (the result row, or a partial row summed afterwards when the rows are split).
+ * Four rows at a time: the partial row stays in L1 and each of the four weight rows is
+ * read sequentially. */
+#ifndef ONNXFORGE_GEMV_H
+#define ONNXFORGE_GEMV_H
+
+#include "_simd.h"
+
+#define OF_GEMV_SIG(name) void name(const float* x, const float* W, ptrdiff_t ldw, float* y, \
+                                    ptrdiff_t k0, ptrdiff_t k1, ptrdiff_t j0, ptrdiff_t j1)
+
+static OF_GEMV_SIG(of_gemv_rows_base) {
+    ptrdiff_t k, j;
+    for (j = j0; j < j1; ++j) y[j] = 0.0f;
+    for (k = k0; k + 4 <= k1; k += 4) {
+        const float a0 = x[k], a1 = x[k + 1], a2 = x[k + 2], a3 = x[k + 3];
+        const float *w0 = W + k * ldw, *w1 = w0 + ldw, *w2 = w1 + ldw, *w3 = w2 + ldw;
+        for (j = j0; j < j1; ++j) y[j] += ((a0 * w0[j] + a1 * w1[j]) + (a2 * w2[j] + a3 * w3[j]));
+    }
+    for (; k < k1; ++k) {
+        const float a = x[k];
+        const float* w = W + k * ldw;
+        for (j = j0; j < j1; ++j) y[j] += a * w[j];
+    }
+}
+
+#if OF_HAVE_AVX2_CLONE
+static OF_TARGET_AVX2 OF_GEMV_SIG(of_gemv_rows_avx2) {
+    ptrdiff_t k, j;
+    for (j = j0; j < j1; ++j) y[j] = 0.0f;
+    for (k = k0; k + 4 <= k1; k += 4) {
+        const __m256 a0 = _mm256_set1_ps(x[k]), a1 = _mm256_set1_ps(x[k + 1]);
+        const __m256 a2 = _mm256_set1_ps(x[k + 2]), a3 = _mm256_set1_ps(x[k + 3]);
+        const float *w0 = W + k * ldw, *w1 = w0 + ldw, *w2 = w1 + ldw, *w3 = w2 + ldw;
+        for (j = j0; j + 16 <= j1; j += 16) {
+            __m256 c0 = _mm256_loadu_ps(y + j), c1 = _mm256_loadu_ps(y + j + 8);
+            c0 = _mm256_fmadd_ps(a0, _mm256_loadu_ps(w0 + j), c0);
+            c1 = _mm256_fmadd_ps(a0, _mm256_loadu_ps(w0 + j + 8), c1);
+            c0 = _mm256_fmadd_ps(a1, _mm256_loadu_ps(w1 + j), c0);
+            c1 = _mm256_fmadd_ps(a1, _mm256_loadu_ps(w1 + j + 8), c1);
+            c0 = _mm256_fmadd_ps(a2, _mm256_loadu_ps(w2 + j), c0);
+            c1 = _mm256_fmadd_ps(a2, _mm256_loadu_ps(w2 + j + 8), c1);
+            c0 = _mm256_fmadd_ps(a3, _mm256_loadu_ps(w3 + j), c0);
+            c1 = _mm256_fmadd_ps(a3, _mm256_loadu_ps(w3 + j + 8), c1);
+            _mm256_storeu_ps(y + j, c0);
+            _mm256_storeu_ps(y + j + 8, c1);
+        }
+        for (; j < j1; ++j) y[j] += ((x[k] * w0[j] + x[k + 1] * w1[j]) + (x[k + 2] * w2[j] + x[k + 3] * w3[j]));
+    }
+    for (; k < k1; ++k) {
+        const float a = x[k];
+        const float* w = W + k * ldw;
+        for (j = j0; j < j1; ++j) y[j] += a * w[j];
+    }
+}
+#endif
+
+static inline OF_GEMV_SIG(of_gemv_rows) {
+#if OF_HAVE_AVX2_CLONE
+    if (of_simd_avx2) { of_gemv_rows_avx2(x, W, ldw, y, k0, k1, j0, j1); return; }
+#endif
+    of_gemv_rows_base(x, W, ldw, y, k0, k1, j0, j1);
+}
+
+#endif
