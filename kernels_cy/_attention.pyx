@@ -21,6 +21,7 @@ Work: B * kv_heads * S items in parallel on the shared worker pool (``_pool.h``)
 ``(16 * 64 + 16 * 256 + 32) * 4`` bytes (no heap).
 """
 from libc.math cimport INFINITY, expf, tanhf, sqrtf
+from libc.stdlib cimport free, malloc
 
 include "_common.pxi"
 
@@ -36,7 +37,7 @@ of_pool_import()
 cdef extern from *:
     void __builtin_prefetch(const void* p, int rw, int locality) noexcept nogil
 
-__all__ = ["MAX_HEAD_DIM", "gqa_attention"]
+__all__ = ["MAX_HEAD_DIM", "gqa_attention", "gqa_decode"]
 
 cdef enum:
     MAXG = 16      # query heads of one group handled in one pass
@@ -234,4 +235,150 @@ def gqa_attention(q, k_cache, v_cache, total_len, out, float scale=0.0, *, int l
     job.softcap = softcap
     with nogil:
         of_pool_parallel_for(B * Hkv * S, _gqa_item, &job, nt)
+    return out
+
+
+cdef inline void _rotate(const float* x, float* y, const float* c, const float* s, Py_ssize_t half,
+                         Py_ssize_t D, bint interleaved) noexcept nogil:
+    """``y = rotary(x)`` for one head (see ``_rotary.pyx`` for the formulas); ``y != x``."""
+    cdef Py_ssize_t i
+    cdef float x0, x1
+    if interleaved:
+        for i in range(half):
+            x0 = x[2 * i]
+            x1 = x[2 * i + 1]
+            y[2 * i] = x0 * c[i] - x1 * s[i]
+            y[2 * i + 1] = x1 * c[i] + x0 * s[i]
+    else:
+        for i in range(half):
+            x0 = x[i]
+            x1 = x[i + half]
+            y[i] = x0 * c[i] - x1 * s[i]
+            y[i + half] = x1 * c[i] + x0 * s[i]
+    for i in range(2 * half, D):
+        y[i] = x[i]
+
+
+def gqa_decode(q, k, v, k_cache, v_cache, Py_ssize_t position, cos, sin, out, float scale=0.0, *,
+               float softcap=0.0, bint interleaved=False, num_threads=None):
+    """One new token of a batch-1 GroupQueryAttention step, in one call.
+
+    q [1, 1, Hq, D], k and v [1, 1, Hkv, D] (unit-stride last axis), caches [1, Hkv, L, D],
+    out float32 [1, 1, Hq, D] C-contiguous. The key, rotated at ``position`` when ``cos``
+    and ``sin`` ([max_pos, R/2]) are given, and the value are written into row ``position``
+    of the caches; then the rotated query attends to keys ``[0, position]``. Raises
+    KernelError / CacheRangeError before writing anything when a shape, the position or
+    the rotary cache does not fit.
+    """
+    cdef str kn = "gqa_decode"
+    cdef cnp.ndarray qa = _f32(q, kn, "q", 4, False, False)
+    cdef cnp.ndarray ka = _f32(k, kn, "k", 4, False, False)
+    cdef cnp.ndarray va = _f32(v, kn, "v", 4, False, False)
+    cdef cnp.ndarray kc = _f32(k_cache, kn, "k_cache", 4, True, False)
+    cdef cnp.ndarray vc = _f32(v_cache, kn, "v_cache", 4, True, False)
+    cdef cnp.ndarray oa = _f32(out, kn, "out", 4, True)
+    _same_shape(qa, oa, kn, "q", "out")
+    _same_shape(ka, va, kn, "k", "v")
+    _same_shape(kc, vc, kn, "k_cache", "v_cache")
+    cdef Py_ssize_t Hq = qa.shape[2], D = qa.shape[3], Hkv = ka.shape[2], L = kc.shape[2]
+    if qa.shape[0] != 1 or qa.shape[1] != 1 or ka.shape[0] != 1 or ka.shape[1] != 1:
+        raise KernelError(f"{kn}: one token of batch row 0 only, got q {_shape(qa)} and k {_shape(ka)}")
+    if ka.shape[3] != D or kc.shape[0] != 1 or kc.shape[1] != Hkv or kc.shape[3] != D:
+        raise KernelError(f"{kn}: k {_shape(ka)} and k_cache {_shape(kc)} do not match q {_shape(qa)}")
+    if Hkv == 0 or Hq % Hkv != 0:
+        raise KernelError(f"{kn}: {Hq} query heads are not a multiple of {Hkv} kv heads")
+    if D > MAXD:
+        raise KernelError(f"{kn}: head_dim {D} exceeds the supported {MAXD}")
+    if not softcap >= 0.0:
+        raise KernelError(f"{kn}: softcap must be >= 0, got {softcap}")
+    if position < 0 or position >= L:
+        raise CacheRangeError(f"{kn}: position {position} outside the cache capacity [0, {L})")
+    cdef bint rot = cos is not None
+    cdef cnp.ndarray ca, sa
+    cdef Py_ssize_t half = 0
+    cdef const float* cr = NULL
+    cdef const float* sr = NULL
+    if rot:
+        ca = _f32(cos, kn, "cos", 2)
+        sa = _f32(sin, kn, "sin", 2)
+        _same_shape(ca, sa, kn, "cos", "sin")
+        half = ca.shape[1]
+        if 2 * half > D:
+            raise KernelError(f"{kn}: rotary dim {2 * half} (2 * cos.shape[-1]) exceeds head_dim {D}")
+        if position >= ca.shape[0]:
+            raise KernelError(f"{kn}: position {position} exceeds the rotary cache of {ca.shape[0]}")
+        cr = <const float*>cnp.PyArray_DATA(ca) + position * half
+        sr = <const float*>cnp.PyArray_DATA(sa) + position * half
+    cdef int nt = _threads(num_threads, kn)
+    if Hq == 0 or D == 0:
+        return out
+    if scale == 0.0:
+        scale = 1.0 / sqrtf(<float>D)
+    cdef float* qr = <float*>malloc(Hq * D * sizeof(float))
+    if qr == NULL:
+        raise MemoryError(f"{kn}: cannot allocate {Hq * D * 4} bytes for the rotated query")
+    cdef const char* qp = <const char*>cnp.PyArray_DATA(qa)
+    cdef const char* kp = <const char*>cnp.PyArray_DATA(ka)
+    cdef const char* vp = <const char*>cnp.PyArray_DATA(va)
+    cdef char* kcp = <char*>cnp.PyArray_DATA(kc)
+    cdef char* vcp = <char*>cnp.PyArray_DATA(vc)
+    cdef cnp.npy_intp* qst = cnp.PyArray_STRIDES(qa)
+    cdef cnp.npy_intp* kst = cnp.PyArray_STRIDES(ka)
+    cdef cnp.npy_intp* vst = cnp.PyArray_STRIDES(va)
+    cdef cnp.npy_intp* kcs = cnp.PyArray_STRIDES(kc)
+    cdef cnp.npy_intp* vcs = cnp.PyArray_STRIDES(vc)
+    cdef Py_ssize_t h, i
+    cdef const float* src
+    cdef float* dst
+    cdef int64_t tot = position + 1
+    cdef int64_t start = position
+    cdef cnp.npy_intp qrs[4]
+    cdef _GqaJob job
+    nt = _fit_threads(nt, Hkv, 4.0 * Hq * D * tot)
+    try:
+        with nogil:
+            for h in range(Hq):
+                src = <const float*>(qp + h * qst[2])
+                if rot:
+                    _rotate(src, qr + h * D, cr, sr, half, D, interleaved)
+                else:
+                    for i in range(D):
+                        qr[h * D + i] = src[i]
+            for h in range(Hkv):
+                src = <const float*>(kp + h * kst[2])
+                dst = <float*>(kcp + h * kcs[1] + position * kcs[2])
+                if rot:
+                    _rotate(src, dst, cr, sr, half, D, interleaved)
+                else:
+                    for i in range(D):
+                        dst[i] = src[i]
+                src = <const float*>(vp + h * vst[2])
+                dst = <float*>(vcp + h * vcs[1] + position * vcs[2])
+                for i in range(D):
+                    dst[i] = src[i]
+            qrs[0] = Hq * D * 4
+            qrs[1] = Hq * D * 4
+            qrs[2] = D * 4
+            qrs[3] = 4
+            job.qp = <const char*>qr
+            job.kp = <const char*>kcp
+            job.vp = <const char*>vcp
+            job.op = <char*>cnp.PyArray_DATA(oa)
+            job.qst = qrs
+            job.kst = kcs
+            job.vst = vcs
+            job.ost = cnp.PyArray_STRIDES(oa)
+            job.tv = &tot
+            job.sv = &start
+            job.length_offset = 0
+            job.local_window = -1
+            job.S = 1
+            job.Hkv = Hkv
+            job.grp = Hq // Hkv
+            job.D = D
+            job.scale = scale
+            job.softcap = softcap
+            of_pool_parallel_for(Hkv, _gqa_item, &job, nt)
+    finally:
+        free(qr)
     return out

@@ -345,6 +345,7 @@ class GroupQueryAttention(Kernel):
         self.shared = (1, 3) in spec.aliases or (2, 4) in spec.aliases
         self.n_out = spec.n_outputs
         self.spec_threads = spec.threads_for
+        self.threads = spec.threads
         self.one_row = (fast.gqa_attention is not None and fast.rotary is not None and self.window < 0
                         and self.nq // self.nkv <= 16)
         self._start = np.zeros(1, dtype=np.int64)  # query start and valid length of a one-row call
@@ -515,6 +516,15 @@ class GroupQueryAttention(Kernel):
             if p0 + s < plen:
                 pk[:, :, p0 + s:] = 0
                 pv[:, :, p0 + s:] = 0
+        if s == 1 and fast.gqa_decode is not None and (not self.rotary or p0 < cos_cache.shape[0]):
+            # one token: rotation, cache writes and attention in one compiled call
+            out = np.empty((1, 1, self.nq, h), dtype=F32)
+            fast.gqa_decode(qs, ks, vs, pk, pv, p0, cos_cache if self.rotary else None,
+                            sin_cache if self.rotary else None, out, self.scale, softcap=self.softcap,
+                            interleaved=self.interleaved, num_threads=self.threads)
+            self._wrote(ctx, pk, pv, p0 + 1)
+            y = out.reshape(1, 1, self.nq * h)
+            return (y, pk, pv)[:self.n_out] if self.n_out > 1 else y
         self._start[0] = p0
         kdst = pk[:, :, p0:p0 + s].transpose(0, 2, 1, 3)
         if self.rotary:
