@@ -58,6 +58,11 @@ def sigmoid(x, out):
     cdef float* op = <float*>cnp.PyArray_DATA(oa)
     cdef Py_ssize_t n = xa.shape[0], i
     with nogil:
+        # exp(-x) with the vectorized polynomial of the softmax (arguments clamped to
+        # [-87, 88], so no overflow), then 1 / (1 + e)
         for i in range(n):
-            op[i] = 1.0 / (1.0 + expf(-xp[i]))
+            op[i] = -xp[i]
+        of_expsum(op, 0.0, n)
+        for i in range(n):
+            op[i] = 1.0 / (1.0 + op[i])
     return out

@@ -342,8 +342,23 @@ class Split(Kernel):
         self.n = spec.n_outputs
         self.num_outputs = spec.attrs.get("num_outputs")
         self.split_attr = spec.ints("split") if spec.opset < 13 else None
+        const = spec.const(1) if spec.n_inputs > 1 else None
+        if const is not None:
+            self.split_attr = [int(v) for v in np.ravel(const)]
+        # for a constant split: the slices, built once (a negative axis counts from the end)
+        self.slices = None
+        if self.split_attr is not None:
+            ax = self.axis
+            lead = (slice(None),) * ax if ax >= 0 else (Ellipsis,)
+            tail = () if ax >= 0 else (slice(None),) * (-ax - 1)
+            bounds = np.cumsum([0] + self.split_attr).tolist()
+            self.slices = [lead + (slice(lo, hi),) + tail for lo, hi in zip(bounds[:-1], bounds[1:])]
+            self.extent = bounds[-1]
+            self.min_rank = ax + 1 if ax >= 0 else -ax
 
     def run(self, x, split=None):
+        if self.slices is not None and x.ndim >= self.min_rank and x.shape[self.axis] == self.extent:
+            return tuple([np.array(x[sl], copy=True) for sl in self.slices])  # new buffers, never views
         a = self.axis % x.ndim
         n = x.shape[a]
         if split is None:

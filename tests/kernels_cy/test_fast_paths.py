@@ -312,3 +312,31 @@ def test_matmul_nbits_one_row_fused_path_matches_float64(baseline, zp_kind):
         _matmul_nbits._force_baseline_simd(False)
     want = a.astype(np.float64) @ ref.dequant_int4(bq, sc, zp, k, blk).T + bias
     np.testing.assert_allclose(out, want, atol=2e-5, rtol=1e-5)
+
+
+def test_sigmoid_vector_path_matches_float64_over_a_wide_range():
+    x = np.linspace(-100.0, 100.0, 4099).astype(np.float32).reshape(1, -1)
+    m = _one("Sigmoid", [("x", F, [1, 4099])], [("y", F, None)], None)
+    got = InferenceSession(m).run(None, {"x": x})[0]
+    with np.errstate(over="ignore"):
+        want = 1.0 / (1.0 + np.exp(-x.astype(np.float64)))
+    np.testing.assert_allclose(got, want, atol=1e-7, rtol=1e-6)
+
+
+@pytest.mark.parametrize("sizes, axis", [([512, 256, 256], 2), ([1, 0, 3], 0), ([2, 2], -1), ([1, 2], -2), ([3, 1], -3)])
+def test_split_with_constant_sizes_matches_the_reference(sizes, axis):
+    shape = [4, 3, 1024]
+    shape[axis] = sum(sizes)
+    x = np.random.default_rng(2).standard_normal(shape).astype(np.float32)
+    outs = [f"y{i}" for i in range(len(sizes))]
+    node = helper.make_node("Split", ["x", "split"], outs, axis=axis)
+    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", F, shape)],
+                          [helper.make_tensor_value_info(o, F, None) for o in outs],
+                          [numpy_helper.from_array(np.array(sizes, np.int64), "split")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+    sess = InferenceSession(m)
+    got = sess.run(None, {"x": x})
+    for a, b in zip(got, reference(m, {"x": x})):
+        np.testing.assert_array_equal(a, b)
+        assert not np.shares_memory(a, x)  # new buffers, never views of the input
+    assert sess.last_run.allocated_bytes == x.nbytes
