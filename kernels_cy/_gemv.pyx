@@ -44,7 +44,7 @@ import onnxforge.kernels_cy._pool  # noqa: F401  (the capsule's owner must be im
 
 of_pool_import()
 
-__all__ = ["COLUMN_BLOCK", "PARALLEL_BYTES", "gemv"]
+__all__ = ["COLUMN_BLOCK", "PARALLEL_BYTES", "OneRowMatMul", "gemv"]
 
 cdef enum:
     CB = 2048
@@ -98,19 +98,27 @@ def gemv(x, w, out, int threads=1):
     if (N > 1 and wa.strides[1] != 4) or (K > 1 and (wa.strides[0] % 4 != 0 or wa.strides[0] < 4 * N)):
         raise KernelError(f"{k}: w needs a unit column stride and non-overlapping rows, "
                           f"got strides ({wa.strides[0]}, {wa.strides[1]})")
+    _gemv_core(<const float*>cnp.PyArray_DATA(xa), <const float*>cnp.PyArray_DATA(wa),
+               wa.strides[0] // 4 if K > 1 else N, <float*>cnp.PyArray_DATA(oa), K, N, threads)
+    return out
+
+
+cdef int _gemv_core(const float* x, const float* w, Py_ssize_t ldw, float* y, Py_ssize_t K,
+                    Py_ssize_t N, int threads) except -1:
+    """The product on checked operands (see :func:`gemv`)."""
     if N == 0:
-        return out
+        return 0
     cdef _Job job
-    job.x = <const float*>cnp.PyArray_DATA(xa)
-    job.w = <const float*>cnp.PyArray_DATA(wa)
-    job.ldw = wa.strides[0] // 4 if K > 1 else N
-    job.y = <float*>cnp.PyArray_DATA(oa)
+    job.x = x
+    job.w = w
+    job.ldw = ldw
+    job.y = y
     job.K = K
     job.N = N
     job.nb = (N + CB - 1) // CB
     job.parts = NULL
     cdef int t = threads if K * N * 4 >= PARALLEL_BYTES else 1
-    cdef Py_ssize_t nk = 1, n, i, c
+    cdef Py_ssize_t nk = 1, i, c
     if t > 1 and job.nb < t:
         nk = t // job.nb
     job.kchunk = ((K + nk - 1) // nk + 3) // 4 * 4 if nk > 1 else K
@@ -119,10 +127,48 @@ def gemv(x, w, out, int threads=1):
     if nk > 1:
         job.parts = of_gemv_parts((nk - 1) * N)
         if job.parts == NULL:
-            raise MemoryError(f"{k}: cannot allocate {(nk - 1) * N * 4} bytes of partial rows")
+            raise MemoryError(f"gemv: cannot allocate {(nk - 1) * N * 4} bytes of partial rows")
     with nogil:
         of_pool_parallel_for(job.nb * nk, _task, &job, t)
         for c in range(nk - 1):
             for i in range(N):
                 job.y[i] += job.parts[c * N + i]
-    return out
+    return 0
+
+
+cdef class OneRowMatMul:
+    """A MatMul kernel's call: a float32 row times a 2-D float32 weight with a unit column
+    stride runs :func:`gemv` with no Python in between; any other operands go to
+    ``fallback(a, b)``."""
+
+    cdef int threads
+    cdef object fallback
+
+    def __init__(self, int threads, fallback):
+        self.threads = threads
+        self.fallback = fallback
+
+    def __call__(self, a, b):
+        cdef cnp.ndarray aa, ba, out
+        cdef cnp.npy_intp dims[32]
+        cdef int nd, i
+        cdef Py_ssize_t K, N
+        if cnp.PyArray_Check(a) and cnp.PyArray_Check(b):
+            aa = <cnp.ndarray>a
+            ba = <cnp.ndarray>b
+            nd = cnp.PyArray_NDIM(aa)
+            if (cnp.PyArray_NDIM(ba) == 2 and 1 <= nd <= 32 and cnp.PyArray_TYPE(aa) == cnp.NPY_FLOAT32
+                    and cnp.PyArray_TYPE(ba) == cnp.NPY_FLOAT32 and cnp.PyArray_IS_C_CONTIGUOUS(aa)):
+                K = ba.shape[0]
+                N = ba.shape[1]
+                if (K > 0 and cnp.PyArray_SIZE(aa) == K and (N <= 1 or ba.strides[1] == 4)
+                        and (K == 1 or (ba.strides[0] % 4 == 0 and ba.strides[0] >= 4 * N))):
+                    for i in range(nd - 1):
+                        dims[i] = aa.shape[i]
+                    dims[nd - 1] = N
+                    out = cnp.PyArray_EMPTY(nd, dims, cnp.NPY_FLOAT32, 0)
+                    _gemv_core(<const float*>cnp.PyArray_DATA(aa), <const float*>cnp.PyArray_DATA(ba),
+                               ba.strides[0] // 4 if K > 1 else N, <float*>cnp.PyArray_DATA(out), K, N,
+                               self.threads)
+                    return out
+        return self.fallback(a, b)

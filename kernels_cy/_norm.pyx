@@ -11,7 +11,7 @@ from libc.math cimport sqrtf
 
 include "_common.pxi"
 
-__all__ = ["rms_norm", "skip_rms_norm"]
+__all__ = ["RowNorm", "SkipRowNorm", "rms_norm", "skip_rms_norm"]
 
 
 cdef inline void _normalize_row(float* row, const float* w, Py_ssize_t h, float eps) noexcept nogil:
@@ -131,3 +131,119 @@ def skip_rms_norm(x, skip, bias, weight, float eps, out, sum_out=None, num_threa
             else:
                 _normalize_row(dst, &wv[0], h, eps)
     return out
+
+
+cdef inline bint _rows_ok(object x, object w, Py_ssize_t* rows, Py_ssize_t* h) noexcept:
+    """float32 C-contiguous x (rank >= 1, not empty) and a 1-D float32 weight of its last axis."""
+    cdef cnp.ndarray xa, wa
+    if not (cnp.PyArray_Check(x) and cnp.PyArray_Check(w)):
+        return False
+    xa = <cnp.ndarray>x
+    wa = <cnp.ndarray>w
+    if (cnp.PyArray_NDIM(xa) < 1 or cnp.PyArray_TYPE(xa) != cnp.NPY_FLOAT32 or not cnp.PyArray_IS_C_CONTIGUOUS(xa)
+            or cnp.PyArray_NDIM(wa) != 1 or cnp.PyArray_TYPE(wa) != cnp.NPY_FLOAT32
+            or not cnp.PyArray_IS_C_CONTIGUOUS(wa)):
+        return False
+    h[0] = xa.shape[cnp.PyArray_NDIM(xa) - 1]
+    if h[0] == 0 or wa.shape[0] != h[0]:
+        return False
+    rows[0] = cnp.PyArray_SIZE(xa) // h[0]
+    return True
+
+
+cdef class RowNorm:
+    """A one-output SimplifiedLayerNormalization / RMSNormalization over the last axis as a
+    kernel's call: float32 operands are normalized here with no Python in between (one
+    thread: a decode step has one row); any other operands go to ``fallback(x, scale)``."""
+
+    cdef float eps
+    cdef object fallback
+
+    def __init__(self, float eps, fallback):
+        if not eps >= 0.0:
+            raise KernelError(f"rms_norm: eps must be >= 0, got {eps}")
+        self.eps = eps
+        self.fallback = fallback
+
+    def __call__(self, x, scale):
+        cdef Py_ssize_t rows, h, r
+        if not _rows_ok(x, scale, &rows, &h):
+            return self.fallback(x, scale)
+        cdef cnp.ndarray xa = <cnp.ndarray>x
+        cdef cnp.ndarray out = cnp.PyArray_EMPTY(cnp.PyArray_NDIM(xa), cnp.PyArray_DIMS(xa), cnp.NPY_FLOAT32, 0)
+        cdef const float* xp = <const float*>cnp.PyArray_DATA(xa)
+        cdef const float* wp = <const float*>cnp.PyArray_DATA(<cnp.ndarray>scale)
+        cdef float* op = <float*>cnp.PyArray_DATA(out)
+        with nogil:
+            for r in range(rows):
+                _normalize_into(xp + r * h, op + r * h, wp, h, self.eps)
+        return out
+
+
+cdef class SkipRowNorm:
+    """SkipSimplifiedLayerNormalization with outputs 0 (and 3, the sum) as a kernel's call:
+    float32 x and skip of one shape, float32 gamma (and bias) of the last axis run here;
+    anything else goes to ``fallback(x, skip, gamma, bias)``."""
+
+    cdef float eps
+    cdef int n_out
+    cdef object fallback
+
+    def __init__(self, float eps, int n_out, fallback):
+        if not eps >= 0.0:
+            raise KernelError(f"skip_rms_norm: eps must be >= 0, got {eps}")
+        if n_out not in (1, 4):
+            raise KernelError(f"skip_rms_norm: 1 or 4 outputs, got {n_out}")
+        self.eps = eps
+        self.n_out = n_out
+        self.fallback = fallback
+
+    def __call__(self, x, skip, gamma, bias=None):
+        cdef Py_ssize_t rows, h, r, j
+        cdef cnp.ndarray xa, sa, ba
+        if not _rows_ok(x, gamma, &rows, &h) or not cnp.PyArray_Check(skip):
+            return self.fallback(x, skip, gamma, bias)
+        xa = <cnp.ndarray>x
+        sa = <cnp.ndarray>skip
+        if (cnp.PyArray_TYPE(sa) != cnp.NPY_FLOAT32 or not cnp.PyArray_IS_C_CONTIGUOUS(sa)
+                or not cnp.PyArray_SAMESHAPE(xa, sa)):
+            return self.fallback(x, skip, gamma, bias)
+        cdef const float* bp = NULL
+        if bias is not None:
+            if not cnp.PyArray_Check(bias):
+                return self.fallback(x, skip, gamma, bias)
+            ba = <cnp.ndarray>bias
+            if (cnp.PyArray_TYPE(ba) != cnp.NPY_FLOAT32 or cnp.PyArray_NDIM(ba) != 1 or ba.shape[0] != h
+                    or not cnp.PyArray_IS_C_CONTIGUOUS(ba)):
+                return self.fallback(x, skip, gamma, bias)
+            bp = <const float*>cnp.PyArray_DATA(ba)
+        cdef int nd = cnp.PyArray_NDIM(xa)
+        cdef cnp.ndarray out = cnp.PyArray_EMPTY(nd, cnp.PyArray_DIMS(xa), cnp.NPY_FLOAT32, 0)
+        cdef cnp.ndarray total = None
+        cdef float* tp = NULL
+        if self.n_out == 4:
+            total = cnp.PyArray_EMPTY(nd, cnp.PyArray_DIMS(xa), cnp.NPY_FLOAT32, 0)
+            tp = <float*>cnp.PyArray_DATA(total)
+        cdef const float* xp = <const float*>cnp.PyArray_DATA(xa)
+        cdef const float* sp = <const float*>cnp.PyArray_DATA(sa)
+        cdef const float* wp = <const float*>cnp.PyArray_DATA(<cnp.ndarray>gamma)
+        cdef float* op = <float*>cnp.PyArray_DATA(out)
+        cdef float* dst
+        with nogil:
+            for r in range(rows):
+                dst = (tp + r * h) if tp != NULL else (op + r * h)
+                if bp != NULL:
+                    for j in range(h):
+                        dst[j] = xp[r * h + j] + sp[r * h + j] + bp[j]
+                else:
+                    for j in range(h):
+                        dst[j] = xp[r * h + j] + sp[r * h + j]
+                if tp != NULL:
+                    _normalize_into(dst, op + r * h, wp, h, self.eps)
+                else:
+                    _normalize_row(dst, wp, h, self.eps)
+        if self.n_out == 1:
+            return out
+        cdef cnp.npy_intp zero = 0
+        return (out, cnp.PyArray_EMPTY(1, &zero, cnp.NPY_FLOAT32, 0),
+                cnp.PyArray_EMPTY(1, &zero, cnp.NPY_FLOAT32, 0), total)

@@ -21,6 +21,9 @@ def cython_kernel(module: str, name: str) -> Any:
 
 rms_norm = cython_kernel("_norm", "rms_norm")
 skip_rms_norm = cython_kernel("_norm", "skip_rms_norm")
+# compiled kernel calls (a kernel object installs one as its ``run``, falling back to its method)
+RowNorm = cython_kernel("_norm", "RowNorm")
+SkipRowNorm = cython_kernel("_norm", "SkipRowNorm")
 rotary = cython_kernel("_rotary", "rotary")
 gqa_attention = cython_kernel("_attention", "gqa_attention")
 gqa_decode = cython_kernel("_attention", "gqa_decode")
@@ -29,6 +32,7 @@ softmax = cython_kernel("_softmax", "softmax")
 sigmoid = cython_kernel("_softmax", "sigmoid")
 cache_update = cython_kernel("_cache", "cache_update")
 gemv = cython_kernel("_gemv", "gemv")
+OneRowMatMul = cython_kernel("_gemv", "OneRowMatMul")
 # the shared worker pool: a session marks its runs so the workers spin only during one
 pool_run_begins = cython_kernel("_pool", "run_begins")
 pool_run_ends = cython_kernel("_pool", "run_ends")

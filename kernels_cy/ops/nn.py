@@ -28,8 +28,13 @@ class MatMul(Kernel):
     def __init__(self, spec: NodeSpec):
         super().__init__(spec)
         self.threads = spec.threads
+        if fast.OneRowMatMul is not None:  # the compiled call, falling back to the method below
+            self.run = fast.OneRowMatMul(spec.threads, self._run)  # type: ignore[method-assign]
 
     def run(self, a, b):
+        return self._run(a, b)
+
+    def _run(self, a, b):
         if _one_row(a, b):
             out = np.empty(a.shape[:-1] + (b.shape[1],), F32)
             fast.gemv(a.reshape(-1), b, out.reshape(-1), self.threads)
@@ -215,8 +220,13 @@ class RMSNormalization(Kernel):
         self.axis = spec.int("axis", -1)
         self.eps = spec.float("epsilon", 1e-5)
         spec.choice("stash_type", 1, {1})
+        if fast.RowNorm is not None and self.axis == -1 and self.eps >= 0:
+            self.run = fast.RowNorm(self.eps, self._run)  # type: ignore[method-assign]
 
     def run(self, x, scale):
+        return self._run(x, scale)
+
+    def _run(self, x, scale):
         if fast.rms_norm is not None and _fast_rows(x, scale, self.axis):
             out = np.empty(x.shape, dtype=F32)
             fast.rms_norm(x.reshape(-1, x.shape[-1]), scale, self.eps, out.reshape(-1, x.shape[-1]))
@@ -238,8 +248,13 @@ class SimplifiedLayerNormalization(Kernel):
         self.axis = spec.int("axis", -1)
         self.eps = spec.float("epsilon", 1e-5)
         self.n_out = spec.n_outputs
+        if fast.RowNorm is not None and self.n_out == 1 and self.axis == -1 and self.eps >= 0:
+            self.run = fast.RowNorm(self.eps, self._run)  # type: ignore[method-assign]
 
     def run(self, x, scale):
+        return self._run(x, scale)
+
+    def _run(self, x, scale):
         if self.n_out == 1 and fast.rms_norm is not None and _fast_rows(x, scale, self.axis):
             out = np.empty(x.shape, dtype=F32)
             fast.rms_norm(x.reshape(-1, x.shape[-1]), scale, self.eps, out.reshape(-1, x.shape[-1]))
@@ -265,8 +280,13 @@ class SkipSimplifiedLayerNormalization(Kernel):
         self.eps = spec.float("epsilon", 1e-5)
         self.n_out = spec.n_outputs
         self.stats_used = any(spec.outputs_used[1:3])
+        if fast.SkipRowNorm is not None and not self.stats_used and self.n_out in (1, 4) and self.eps >= 0:
+            self.run = fast.SkipRowNorm(self.eps, self.n_out, self._run)  # type: ignore[method-assign]
 
     def run(self, x, skip, gamma, bias=None):
+        return self._run(x, skip, gamma, bias)
+
+    def _run(self, x, skip, gamma, bias=None):
         if (fast.skip_rms_norm is not None and not self.stats_used and self.n_out in (1, 4) and x.shape == skip.shape
                 and _fast_rows(x, gamma, -1) and skip.dtype == F32 and skip.flags.c_contiguous
                 and (bias is None or bias.dtype == F32)):

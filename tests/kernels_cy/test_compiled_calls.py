@@ -1,0 +1,101 @@
+"""Compiled kernel calls (``OneRowMatMul``, ``RowNorm``, ``SkipRowNorm``): the fast branch
+against float64 numpy, every other operand handed to the fallback unchanged."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from onnxforge.kernels_cy._gemv import OneRowMatMul
+from onnxforge.kernels_cy._norm import RowNorm, SkipRowNorm
+from onnxforge.kernels_cy.errors import KernelError
+
+
+class _Fallback:
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self, *args):
+        self.calls += 1
+        return "fallback"
+
+
+def _rms64(x, w, eps):
+    x = x.astype(np.float64)
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
+
+
+@pytest.mark.parametrize("a_shape", [(300,), (1, 300), (1, 1, 300)])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_one_row_matmul_fast_branch(a_shape, threads):
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal(a_shape, dtype=np.float32)
+    b = rng.standard_normal((300, 1100), dtype=np.float32)
+    fb = _Fallback()
+    y = OneRowMatMul(threads, fb)(a, b)
+    assert fb.calls == 0 and y.shape == a_shape[:-1] + (1100,) and y.dtype == np.float32
+    np.testing.assert_allclose(y, a.astype(np.float64) @ b, rtol=1e-5, atol=1e-4)
+
+
+def test_one_row_matmul_hands_other_operands_to_the_fallback():
+    rng = np.random.default_rng(2)
+    b = rng.standard_normal((8, 6), dtype=np.float32)
+    cases = [
+        (rng.standard_normal((2, 8), dtype=np.float32), b),            # two rows
+        (rng.standard_normal((1, 8)), b),                               # float64 row
+        (rng.standard_normal((1, 8), dtype=np.float32), np.asfortranarray(b)),  # column stride
+        (rng.standard_normal((1, 16), dtype=np.float32)[:, ::2], b),    # non-contiguous row
+        (rng.standard_normal((1, 8), dtype=np.float32), b[None]),       # 3-D weight
+        ([1.0] * 8, b),                                                  # not an array
+    ]
+    for a, w in cases:
+        fb = _Fallback()
+        assert OneRowMatMul(2, fb)(a, w) == "fallback" and fb.calls == 1
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 512), (3, 64), (7,)])
+def test_row_norm_matches_float64(shape):
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal(shape, dtype=np.float32)
+    w = rng.standard_normal(shape[-1], dtype=np.float32)
+    y = RowNorm(1e-6, _Fallback())(x, w)
+    np.testing.assert_allclose(y, _rms64(x, w, 1e-6), rtol=1e-5, atol=1e-5)
+
+
+def test_row_norm_fallbacks_and_bad_eps():
+    x = np.ones((2, 4), np.float32)
+    for a, w in [(x.T, np.ones(2, np.float32)), (x, np.ones(3, np.float32)), (x.astype(np.float16), np.ones(4, np.float32)),
+                 (x, np.ones((1, 4), np.float32)), (np.ones((2, 0), np.float32), np.ones(0, np.float32))]:
+        fb = _Fallback()
+        assert RowNorm(1e-5, fb)(a, w) == "fallback" and fb.calls == 1
+    with pytest.raises(KernelError, match="eps"):
+        RowNorm(-1.0, _Fallback())
+
+
+@pytest.mark.parametrize("n_out", [1, 4])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_skip_row_norm_matches_float64(n_out, with_bias):
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((2, 3, 96), dtype=np.float32)
+    skip = rng.standard_normal((2, 3, 96), dtype=np.float32)
+    g = rng.standard_normal(96, dtype=np.float32)
+    bias = rng.standard_normal(96, dtype=np.float32) if with_bias else None
+    got = SkipRowNorm(1e-5, n_out, _Fallback())(x, skip, g, bias)
+    s = x.astype(np.float64) + skip + (bias if with_bias else 0.0)
+    y = got if n_out == 1 else got[0]
+    np.testing.assert_allclose(y, _rms64(s, g, 1e-5), rtol=1e-5, atol=1e-5)
+    if n_out == 4:
+        assert got[1].size == 0 and got[2].size == 0
+        np.testing.assert_allclose(got[3], s, rtol=1e-6, atol=1e-6)
+
+
+def test_skip_row_norm_fallbacks():
+    x = np.ones((2, 4), np.float32)
+    g = np.ones(4, np.float32)
+    for args in [(x, np.ones((1, 4), np.float32), g, None),        # broadcast skip
+                 (x, np.ones((2, 4)), g, None),                      # float64 skip
+                 (x, x, g, np.ones(3, np.float32)),                  # bias of the wrong length
+                 (x, x, g, [0.0] * 4)]:                              # bias not an array
+        fb = _Fallback()
+        assert SkipRowNorm(1e-5, 1, fb)(*args) == "fallback" and fb.calls == 1
+    with pytest.raises(KernelError):
+        SkipRowNorm(1e-5, 2, _Fallback())
