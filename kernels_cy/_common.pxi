@@ -58,7 +58,7 @@ cdef cnp.ndarray _f32(object a, str kernel, str name, int ndim, bint writable=Fa
 
 
 cdef inline void _same_shape(cnp.ndarray a, cnp.ndarray b, str kernel, str an, str bn) except *:
-    if _shape(a) != _shape(b):
+    if not cnp.PyArray_SAMESHAPE(a, b):
         raise KernelError(f"{kernel}: {bn} has shape {_shape(b)}, expected {an}'s shape {_shape(a)}")
 
 

@@ -82,18 +82,19 @@ def matmul_nbits(a, b_quant, scales, zero_points, Py_ssize_t K, Py_ssize_t N, ou
     cdef Py_ssize_t nblk = (K + block_size - 1) // block_size, half = block_size // 2
     if aa.shape[1] != K:
         raise KernelError(f"{k}: a has shape {_shape(aa)}, its last axis must be K={K}")
-    if _shape(oa) != (M, N):
+    if oa.shape[0] != M or oa.shape[1] != N:
         raise KernelError(f"{k}: out has shape {_shape(oa)}, expected ({M}, {N})")
     cdef cnp.ndarray ba = _arr(b_quant, k, "b_quant")
     if cnp.PyArray_TYPE(ba) != cnp.NPY_UINT8:
         raise KernelDtypeError(f"{k}: b_quant must be uint8, got {ba.dtype}")
-    if _shape(ba) != (N, nblk, half) or not cnp.PyArray_IS_C_CONTIGUOUS(ba):
+    if (ba.ndim != 3 or ba.shape[0] != N or ba.shape[1] != nblk or ba.shape[2] != half
+            or not cnp.PyArray_IS_C_CONTIGUOUS(ba)):
         raise KernelError(f"{k}: b_quant has shape {_shape(ba)}, expected C-contiguous "
                           f"({N}, {nblk}, {half})")
     cdef cnp.ndarray sa = _arr(scales, k, "scales")
     if cnp.PyArray_TYPE(sa) != cnp.NPY_FLOAT32:
         raise KernelDtypeError(f"{k}: scales must be float32, got {sa.dtype}")
-    if sa.size != N * nblk or sa.ndim not in (1, 2) or (sa.ndim == 2 and _shape(sa) != (N, nblk)) \
+    if sa.size != N * nblk or sa.ndim not in (1, 2) or (sa.ndim == 2 and (sa.shape[0] != N or sa.shape[1] != nblk)) \
             or not cnp.PyArray_IS_C_CONTIGUOUS(sa):
         raise KernelError(f"{k}: scales has shape {_shape(sa)}, expected C-contiguous "
                           f"({N * nblk},) or ({N}, {nblk})")
@@ -104,11 +105,11 @@ def matmul_nbits(a, b_quant, scales, zero_points, Py_ssize_t K, Py_ssize_t N, ou
         za = _arr(zero_points, k, "zero_points")
         if cnp.PyArray_TYPE(za) == cnp.NPY_UINT8:
             zp_u8 = True
-            if za.size != N * zrow or za.ndim not in (1, 2) or (za.ndim == 2 and _shape(za) != (N, zrow)):
+            if za.size != N * zrow or za.ndim not in (1, 2) or (za.ndim == 2 and (za.shape[0] != N or za.shape[1] != zrow)):
                 raise KernelError(f"{k}: uint8 zero_points has shape {_shape(za)}, expected "
                                   f"({N * zrow},) or ({N}, {zrow})")
         elif cnp.PyArray_TYPE(za) == cnp.NPY_FLOAT32:
-            if za.size != N * nblk or za.ndim not in (1, 2) or (za.ndim == 2 and _shape(za) != (N, nblk)):
+            if za.size != N * nblk or za.ndim not in (1, 2) or (za.ndim == 2 and (za.shape[0] != N or za.shape[1] != nblk)):
                 raise KernelError(f"{k}: float zero_points has shape {_shape(za)}, expected "
                                   f"({N * nblk},) or ({N}, {nblk})")
         else:

@@ -99,6 +99,11 @@ class _SoftmaxBase(Kernel):
             m = np.max(x, axis=axis, keepdims=True)
             y = x - m
             return y - np.log(np.sum(np.exp(y), axis=axis, keepdims=True))
+        if (fast.softmax is not None and x.dtype == F32 and axis == x.ndim - 1 and x.size > 0
+                and x.flags.c_contiguous):
+            out = np.empty(x.shape, dtype=F32)
+            fast.softmax(x.reshape(-1, x.shape[-1]), out.reshape(-1, x.shape[-1]))
+            return out
         return _softmax(x, axis)
 
 
@@ -143,7 +148,14 @@ class _Reduce(Kernel):
                 fill = info.min if self.op == "ReduceMax" else info.max
             return np.full(shape, fill, dtype=x.dtype)
         if self.op == "ReduceMean" and x.dtype.kind == "f":
-            return np.asarray(np.mean(x, axis=t, keepdims=bool(self.keep), dtype=x.dtype))
+            # the ufunc and one division (np.mean's wrapper costs more than the reduction)
+            n = x.size
+            if t is not None:
+                n = 1
+                for a in t:
+                    n *= x.shape[a]
+            total = np.asarray(np.add.reduce(x, axis=t, keepdims=bool(self.keep)))
+            return np.true_divide(total, x.dtype.type(n)).astype(x.dtype, copy=False)
         uf = _UFUNC.get(self.op)
         if uf is not None and x.dtype != np.bool_:  # the ufunc directly: no wrapper layers
             return np.asarray(uf.reduce(x, axis=t, keepdims=bool(self.keep))).astype(x.dtype, copy=False)
