@@ -247,3 +247,4 @@ cdef class SkipRowNorm:
         cdef cnp.npy_intp zero = 0
         return (out, cnp.PyArray_EMPTY(1, &zero, cnp.NPY_FLOAT32, 0),
                 cnp.PyArray_EMPTY(1, &zero, cnp.NPY_FLOAT32, 0), total)
+

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from onnxforge.kernels_cy.ops import fast
 from onnxforge.kernels_cy.ops.base import Kernel, NodeSpec, register
 
 __all__ = ["reshape_target"]
@@ -51,8 +52,13 @@ class Reshape(_View):
         self.static = None
         if c is not None and (self.allowzero or not np.any(c == 0)):
             self.static = tuple(int(d) for d in c)
+        if c is not None and c.ndim == 1 and fast.ReshapeCall is not None:
+            self.run = fast.ReshapeCall(c.tolist(), bool(self.allowzero), self._run)  # type: ignore[method-assign]
 
     def run(self, x, shape=None):
+        return self._run(x, shape)
+
+    def _run(self, x, shape=None):
         if self.static is not None:
             return self._reshape(x, self.static)
         return self._reshape(x, reshape_target(shape, x.shape, self.allowzero))

@@ -99,3 +99,21 @@ def test_skip_row_norm_fallbacks():
         assert SkipRowNorm(1e-5, 1, fb)(*args) == "fallback" and fb.calls == 1
     with pytest.raises(KernelError):
         SkipRowNorm(1e-5, 2, _Fallback())
+
+
+def test_reshape_call_views_copy_zero_dims_and_fall_back():
+    from onnxforge.kernels_cy._views import ReshapeCall
+
+    x = np.arange(2 * 3 * 8, dtype=np.float32).reshape(2, 3, 8)
+    fb = _Fallback()
+    y = ReshapeCall([0, -1, 4], False, fb)(x)
+    assert y.shape == (2, 6, 4) and np.shares_memory(x, y) and fb.calls == 0
+    np.testing.assert_array_equal(y, x.reshape(2, 6, 4))
+    z = ReshapeCall([0, 48], True, fb)  # allowzero: 0 is a zero-sized dimension
+    with pytest.raises(ValueError):
+        z(x)
+    assert ReshapeCall([0, 0, 0, 0], False, fb)(x) == "fallback"  # a 0 past the input's rank
+    assert ReshapeCall([-1], False, fb)(x.transpose(1, 0, 2)) == "fallback"  # not C-contiguous
+    assert fb.calls == 2
+    with pytest.raises(ValueError):
+        ReshapeCall([5, -1], False, fb)(x)  # 48 elements do not split into rows of 5
