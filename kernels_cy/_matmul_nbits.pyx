@@ -58,7 +58,7 @@ cdef void _row_task(void* ctx, long t) noexcept nogil:
                              j.zpf + n * j.nblk if j.zpf != NULL else NULL,
                              j.ap, j.asum, j.nblk) + (j.biasp[n] if j.biasp != NULL else 0.0)
 
-__all__ = ["matmul_nbits"]
+__all__ = ["OneRowNBits", "matmul_nbits"]
 
 
 def matmul_nbits(a, b_quant, scales, zero_points, Py_ssize_t K, Py_ssize_t N, out, *,
@@ -206,3 +206,97 @@ def matmul_nbits(a, b_quant, scales, zero_points, Py_ssize_t K, Py_ssize_t N, ou
     if failed:
         raise MemoryError(f"{k}: cannot allocate a {kpad * 4}-byte row workspace")
     return out
+
+
+cdef class OneRowNBits:
+    """A MatMulNBits kernel's call for one float32 activation row with 4-bit blocks of 32
+    (a decode step): the fused product straight from the packed codes with no Python in
+    between. Operands of any other form go to ``fallback(a, b, scales, zp, g_idx, bias)``,
+    which checks them and raises the kernel's errors."""
+
+    cdef Py_ssize_t K, N, nblk
+    cdef int threads
+    cdef object fallback
+
+    def __init__(self, Py_ssize_t K, Py_ssize_t N, Py_ssize_t block_size, int threads, fallback):
+        self.K = K
+        self.N = N
+        self.nblk = (K + 31) // 32 if block_size == 32 and K % 32 == 0 and K > 0 and N > 0 else -1
+        self.threads = threads
+        self.fallback = fallback
+
+    def __call__(self, a, b, scales, zp=None, g_idx=None, bias=None):
+        cdef cnp.ndarray aa, ba, sa, za, biasa, out
+        cdef Py_ssize_t K = self.K, N = self.N, nblk = self.nblk, kb, i
+        cdef const uint8_t* zpu = NULL
+        cdef const float* zpf = NULL
+        cdef const float* biasp = NULL
+        cdef cnp.npy_intp dims[32]
+        cdef int nd, d
+        if (nblk < 0 or g_idx is not None or not cnp.PyArray_Check(a) or not cnp.PyArray_Check(b)
+                or not cnp.PyArray_Check(scales)):
+            return self.fallback(a, b, scales, zp, g_idx, bias)
+        aa = <cnp.ndarray>a
+        ba = <cnp.ndarray>b
+        sa = <cnp.ndarray>scales
+        nd = cnp.PyArray_NDIM(aa)
+        if (nd < 1 or nd > 32 or cnp.PyArray_TYPE(aa) != cnp.NPY_FLOAT32 or not cnp.PyArray_IS_C_CONTIGUOUS(aa)
+                or cnp.PyArray_SIZE(aa) != K
+                or cnp.PyArray_TYPE(ba) != cnp.NPY_UINT8 or not cnp.PyArray_IS_C_CONTIGUOUS(ba)
+                or ba.ndim != 3 or ba.shape[0] != N or ba.shape[1] != nblk or ba.shape[2] != 16
+                or cnp.PyArray_TYPE(sa) != cnp.NPY_FLOAT32 or not cnp.PyArray_IS_C_CONTIGUOUS(sa)
+                or cnp.PyArray_SIZE(sa) != N * nblk or sa.ndim > 2):
+            return self.fallback(a, b, scales, zp, g_idx, bias)
+        if zp is not None:
+            if not cnp.PyArray_Check(zp):
+                return self.fallback(a, b, scales, zp, g_idx, bias)
+            za = <cnp.ndarray>zp
+            if not cnp.PyArray_IS_C_CONTIGUOUS(za) or za.ndim > 2:
+                return self.fallback(a, b, scales, zp, g_idx, bias)
+            if cnp.PyArray_TYPE(za) == cnp.NPY_UINT8 and cnp.PyArray_SIZE(za) == N * ((nblk + 1) // 2):
+                zpu = <const uint8_t*>cnp.PyArray_DATA(za)
+            elif cnp.PyArray_TYPE(za) == cnp.NPY_FLOAT32 and cnp.PyArray_SIZE(za) == N * nblk:
+                zpf = <const float*>cnp.PyArray_DATA(za)
+            else:
+                return self.fallback(a, b, scales, zp, g_idx, bias)
+        if bias is not None:
+            if not cnp.PyArray_Check(bias):
+                return self.fallback(a, b, scales, zp, g_idx, bias)
+            biasa = <cnp.ndarray>bias
+            if (cnp.PyArray_TYPE(biasa) != cnp.NPY_FLOAT32 or biasa.ndim != 1 or biasa.shape[0] != N
+                    or not cnp.PyArray_IS_C_CONTIGUOUS(biasa)):
+                return self.fallback(a, b, scales, zp, g_idx, bias)
+            biasp = <const float*>cnp.PyArray_DATA(biasa)
+        for d in range(nd - 1):
+            dims[d] = aa.shape[d]
+        dims[nd - 1] = N
+        out = cnp.PyArray_EMPTY(nd, dims, cnp.NPY_FLOAT32, 0)
+        cdef const float* ap = <const float*>cnp.PyArray_DATA(aa)
+        cdef float* asum = <float*>malloc(nblk * sizeof(float))
+        cdef float acc
+        if asum == NULL:
+            raise MemoryError(f"matmul_nbits: cannot allocate {nblk * 4} bytes of block sums")
+        cdef _RowJob job
+        cdef int nt = _fit_threads(self.threads, N, 2.0 * N * K) if self.threads > 1 else 1
+        with nogil:
+            for kb in range(nblk):
+                acc = 0.0
+                for i in range(32):
+                    acc = acc + ap[kb * 32 + i]
+                asum[kb] = acc
+            job.bp = <const uint8_t*>cnp.PyArray_DATA(ba)
+            job.scp = <const float*>cnp.PyArray_DATA(sa)
+            job.zpu = zpu
+            job.zpf = zpf
+            job.biasp = biasp
+            job.ap = ap
+            job.asum = asum
+            job.op = <float*>cnp.PyArray_DATA(out)
+            job.nblk = nblk
+            job.half = 16
+            job.zrow = (nblk + 1) // 2
+            job.N = N
+            job.chunk = (N + 4 * nt - 1) // (4 * nt) if nt > 1 else N
+            of_pool_parallel_for((N + job.chunk - 1) // job.chunk, _row_task, &job, nt)
+        free(asum)
+        return out

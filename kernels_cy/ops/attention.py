@@ -583,6 +583,9 @@ class MatMulNBits(Kernel):
         self.use_fast = fast.matmul_nbits is not None and self.bits == 4
         self.threads_for = spec.threads_for
         consts = [spec.const(i) for i in range(min(spec.n_inputs, 4))]
+        if self.use_fast and fast.OneRowNBits is not None:  # the compiled call for a decode row
+            self.run = fast.OneRowNBits(self.k, self.n, self.bs, spec.threads_for(self.k * self.n) or 1,  # type: ignore[method-assign]
+                                        self._run)
         if not self.use_fast and all(consts[i] is not None for i in (1, 2)) and \
                 (not spec.has_input(3) or consts[3] is not None):
             self.weight = self._dequantize(consts[1], consts[2], consts[3] if spec.has_input(3) else None)
@@ -616,6 +619,9 @@ class MatMulNBits(Kernel):
         return np.ascontiguousarray(w.T.astype(np.asarray(scales).dtype))  # [K, N]
 
     def run(self, a, b, scales, zp=None, g_idx=None, bias=None):
+        return self._run(a, b, scales, zp, g_idx, bias)
+
+    def _run(self, a, b, scales, zp=None, g_idx=None, bias=None):
         if (self.use_fast and a.dtype == F32 and scales.dtype == F32 and b.flags.c_contiguous
                 and scales.flags.c_contiguous and (zp is None or zp.dtype in (np.uint8, F32))):
             a2 = np.ascontiguousarray(a.reshape(-1, self.k))

@@ -117,3 +117,54 @@ def test_reshape_call_views_copy_zero_dims_and_fall_back():
     assert fb.calls == 2
     with pytest.raises(ValueError):
         ReshapeCall([5, -1], False, fb)(x)  # 48 elements do not split into rows of 5
+
+
+@pytest.mark.parametrize("zp_kind", [None, "uint8", "float"])
+@pytest.mark.parametrize("with_bias", [False, True])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_one_row_nbits_matches_float64(zp_kind, with_bias, threads):
+    from onnxforge.kernels_cy._matmul_nbits import OneRowNBits
+
+    from . import reference as ref
+
+    rng = np.random.default_rng(9)
+    K, N = 96, 2050
+    nblk = K // 32
+    b = ref.pack_int4(rng.integers(0, 16, size=(N, nblk, 32)))
+    scales = rng.uniform(0.01, 0.1, size=N * nblk).astype(np.float32)
+    zp = None
+    if zp_kind == "uint8":
+        zp = ref.pack_int4(rng.integers(0, 16, size=(N, 2 * ((nblk + 1) // 2)))).reshape(-1)
+    elif zp_kind == "float":
+        zp = rng.uniform(6, 9, size=N * nblk).astype(np.float32)
+    bias = rng.standard_normal(N, dtype=np.float32) if with_bias else None
+    a = rng.standard_normal((1, 1, K), dtype=np.float32)
+    fb = _Fallback()
+    got = OneRowNBits(K, N, 32, threads, fb)(a, b, scales, zp, None, bias)
+    assert fb.calls == 0 and got.shape == (1, 1, N)
+    want = a.reshape(-1).astype(np.float64) @ ref.dequant_int4(b, scales, zp, K, 32).T
+    if with_bias:
+        want = want + bias
+    np.testing.assert_allclose(got.reshape(-1), want, rtol=1e-4, atol=1e-4)
+
+
+def test_one_row_nbits_hands_other_forms_to_the_fallback():
+    from onnxforge.kernels_cy._matmul_nbits import OneRowNBits
+
+    K, N = 64, 8
+    b = np.zeros((N, 2, 16), np.uint8)
+    s = np.ones(N * 2, np.float32)
+    a = np.ones((1, K), np.float32)
+    cases = [
+        (np.ones((2, K), np.float32), b, s, None),      # two rows
+        (a, b.reshape(N, -1), s, None),                  # b_quant of the wrong rank
+        (a, b, s.astype(np.float16), None),              # float16 scales
+        (a, b, s, np.ones(3, np.uint8)),                 # zero points of the wrong size
+        (a.astype(np.float64), b, s, None),
+    ]
+    for args in cases:
+        fb = _Fallback()
+        assert OneRowNBits(K, N, 32, 2, fb)(*args) == "fallback" and fb.calls == 1
+    fb = _Fallback()
+    assert OneRowNBits(K + 1, N, 32, 2, fb)(a, b, s) == "fallback"  # K not a multiple of 32
+    assert OneRowNBits(K, N, 64, 2, fb)(a, b, s) == "fallback"      # another block size
