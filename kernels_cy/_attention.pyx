@@ -116,6 +116,16 @@ cdef cnp.ndarray _int_lengths(object a, str k, str name, Py_ssize_t B):
     return cnp.PyArray_FROMANY(arr, cnp.NPY_INT64, 1, 1, cnp.NPY_ARRAY_C_CONTIGUOUS)
 
 
+cdef int _check_heads(str k, Py_ssize_t Hq, Py_ssize_t Hkv, Py_ssize_t D, float softcap) except -1:
+    if Hkv == 0 or Hq % Hkv != 0:
+        raise KernelError(f"{k}: {Hq} query heads are not a multiple of {Hkv} kv heads")
+    if D > MAXD:
+        raise KernelError(f"{k}: head_dim {D} exceeds the supported {MAXD}")
+    if not softcap >= 0.0:
+        raise KernelError(f"{k}: softcap must be >= 0, got {softcap}")
+    return 0
+
+
 ctypedef struct _GqaJob:
     const char* qp
     const char* kp
@@ -182,12 +192,7 @@ def gqa_attention(q, k_cache, v_cache, total_len, out, float scale=0.0, *, int l
     cdef Py_ssize_t Hkv = ka.shape[1], L = ka.shape[2]
     if ka.shape[0] != B or ka.shape[3] != D:
         raise KernelError(f"{k}: k_cache has shape {_shape(ka)}, expected ({B}, kv_heads, length, {D})")
-    if Hkv == 0 or Hq % Hkv != 0:
-        raise KernelError(f"{k}: {Hq} query heads are not a multiple of {Hkv} kv heads")
-    if D > MAXD:
-        raise KernelError(f"{k}: head_dim {D} exceeds the supported {MAXD}")
-    if not softcap >= 0.0:
-        raise KernelError(f"{k}: softcap must be >= 0, got {softcap}")
+    _check_heads(k, Hq, Hkv, D, softcap)
     cdef cnp.ndarray ta, sa
     ta = _int_lengths(total_len, k, "total_len", B)
     cdef const int64_t[::1] tv = ta
@@ -238,27 +243,6 @@ def gqa_attention(q, k_cache, v_cache, total_len, out, float scale=0.0, *, int l
     return out
 
 
-cdef inline void _rotate(const float* x, float* y, const float* c, const float* s, Py_ssize_t half,
-                         Py_ssize_t D, bint interleaved) noexcept nogil:
-    """``y = rotary(x)`` for one head (see ``_rotary.pyx`` for the formulas); ``y != x``."""
-    cdef Py_ssize_t i
-    cdef float x0, x1
-    if interleaved:
-        for i in range(half):
-            x0 = x[2 * i]
-            x1 = x[2 * i + 1]
-            y[2 * i] = x0 * c[i] - x1 * s[i]
-            y[2 * i + 1] = x1 * c[i] + x0 * s[i]
-    else:
-        for i in range(half):
-            x0 = x[i]
-            x1 = x[i + half]
-            y[i] = x0 * c[i] - x1 * s[i]
-            y[i + half] = x1 * c[i] + x0 * s[i]
-    for i in range(2 * half, D):
-        y[i] = x[i]
-
-
 def gqa_decode(q, k, v, k_cache, v_cache, Py_ssize_t position, cos, sin, out, float scale=0.0, *,
                float softcap=0.0, bint interleaved=False, num_threads=None):
     """One new token of a batch-1 GroupQueryAttention step, in one call.
@@ -285,12 +269,7 @@ def gqa_decode(q, k, v, k_cache, v_cache, Py_ssize_t position, cos, sin, out, fl
         raise KernelError(f"{kn}: one token of batch row 0 only, got q {_shape(qa)} and k {_shape(ka)}")
     if ka.shape[3] != D or kc.shape[0] != 1 or kc.shape[1] != Hkv or kc.shape[3] != D:
         raise KernelError(f"{kn}: k {_shape(ka)} and k_cache {_shape(kc)} do not match q {_shape(qa)}")
-    if Hkv == 0 or Hq % Hkv != 0:
-        raise KernelError(f"{kn}: {Hq} query heads are not a multiple of {Hkv} kv heads")
-    if D > MAXD:
-        raise KernelError(f"{kn}: head_dim {D} exceeds the supported {MAXD}")
-    if not softcap >= 0.0:
-        raise KernelError(f"{kn}: softcap must be >= 0, got {softcap}")
+    _check_heads(kn, Hq, Hkv, D, softcap)
     if position < 0 or position >= L:
         raise CacheRangeError(f"{kn}: position {position} outside the cache capacity [0, {L})")
     cdef bint rot = cos is not None
@@ -340,7 +319,7 @@ def gqa_decode(q, k, v, k_cache, v_cache, Py_ssize_t position, cos, sin, out, fl
             for h in range(Hq):
                 src = <const float*>(qp + h * qst[2])
                 if rot:
-                    _rotate(src, qr + h * D, cr, sr, half, D, interleaved)
+                    _rotate_head(src, qr + h * D, cr, sr, half, D, interleaved)
                 else:
                     for i in range(D):
                         qr[h * D + i] = src[i]
@@ -348,7 +327,7 @@ def gqa_decode(q, k, v, k_cache, v_cache, Py_ssize_t position, cos, sin, out, fl
                 src = <const float*>(kp + h * kst[2])
                 dst = <float*>(kcp + h * kcs[1] + position * kcs[2])
                 if rot:
-                    _rotate(src, dst, cr, sr, half, D, interleaved)
+                    _rotate_head(src, dst, cr, sr, half, D, interleaved)
                 else:
                     for i in range(D):
                         dst[i] = src[i]

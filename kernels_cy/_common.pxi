@@ -87,3 +87,25 @@ cdef inline int _fit_threads(int nt, Py_ssize_t items, double work) noexcept:
     if work < 65536.0 or items < 2:
         return 1
     return nt if nt < items else <int>items
+
+
+cdef inline void _rotate_head(const float* x, float* y, const float* c, const float* s, Py_ssize_t half,
+                              Py_ssize_t D, bint interleaved) noexcept nogil:
+    """Rotary embedding of one head (``_rotary.pyx`` gives the formulas); ``y`` may be ``x``."""
+    cdef Py_ssize_t i
+    cdef float x0, x1
+    if interleaved:
+        for i in range(half):
+            x0 = x[2 * i]
+            x1 = x[2 * i + 1]
+            y[2 * i] = x0 * c[i] - x1 * s[i]
+            y[2 * i + 1] = x1 * c[i] + x0 * s[i]
+    else:
+        for i in range(half):
+            x0 = x[i]
+            x1 = x[i + half]
+            y[i] = x0 * c[i] - x1 * s[i]
+            y[i + half] = x1 * c[i] + x0 * s[i]
+    if y != x:
+        for i in range(2 * half, D):
+            y[i] = x[i]

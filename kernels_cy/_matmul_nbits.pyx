@@ -58,6 +58,41 @@ cdef void _row_task(void* ctx, long t) noexcept nogil:
                              j.zpf + n * j.nblk if j.zpf != NULL else NULL,
                              j.ap, j.asum, j.nblk) + (j.biasp[n] if j.biasp != NULL else 0.0)
 
+cdef int _fused_row(const uint8_t* bp, const float* scp, const uint8_t* zpu, const float* zpf,
+                    const float* biasp, const float* ap, float* op, Py_ssize_t nblk, Py_ssize_t N,
+                    int nt) except -1:
+    """One activation row with blocks of 32: block sums of the row, then the outputs in
+    chunks on the pool, straight from the packed codes."""
+    cdef float* asum = <float*>malloc(nblk * sizeof(float))
+    cdef Py_ssize_t kb, i
+    cdef float acc
+    cdef _RowJob job
+    if asum == NULL:
+        raise MemoryError(f"matmul_nbits: cannot allocate {nblk * 4} bytes of block sums")
+    with nogil:
+        for kb in range(nblk):
+            acc = 0.0
+            for i in range(32):
+                acc = acc + ap[kb * 32 + i]
+            asum[kb] = acc
+        job.bp = bp
+        job.scp = scp
+        job.zpu = zpu
+        job.zpf = zpf
+        job.biasp = biasp
+        job.ap = ap
+        job.asum = asum
+        job.op = op
+        job.nblk = nblk
+        job.half = 16
+        job.zrow = (nblk + 1) // 2
+        job.N = N
+        job.chunk = (N + 4 * nt - 1) // (4 * nt) if nt > 1 else N
+        of_pool_parallel_for((N + job.chunk - 1) // job.chunk if N > 0 else 0, _row_task, &job, nt)
+    free(asum)
+    return 0
+
+
 __all__ = ["OneRowNBits", "matmul_nbits"]
 
 
@@ -148,36 +183,10 @@ def matmul_nbits(a, b_quant, scales, zero_points, Py_ssize_t K, Py_ssize_t N, ou
     cdef Py_ssize_t kpad = nblk * block_size
     cdef int failed = 0
     cdef int* failp = &failed
-    cdef float* asum = NULL
     cdef Py_ssize_t kb, i
-    cdef _RowJob job
     if M == 1 and block_size == 32 and K == kpad:
         # one activation row: a fused per-block product that never writes a dequantized row
-        asum = <float*>malloc(nblk * sizeof(float))
-        if asum == NULL:
-            raise MemoryError(f"{k}: cannot allocate {nblk * 4} bytes of block sums")
-        with nogil:
-            for kb in range(nblk):
-                acc = 0.0
-                for i in range(32):
-                    acc = acc + ap[kb * 32 + i]
-                asum[kb] = acc
-        job.bp = bp
-        job.scp = scp
-        job.zpu = zpu
-        job.zpf = zpf
-        job.biasp = biasp
-        job.ap = ap
-        job.asum = asum
-        job.op = op
-        job.nblk = nblk
-        job.half = half
-        job.zrow = zrow
-        job.N = N
-        job.chunk = (N + 4 * nt - 1) // (4 * nt) if nt > 1 else N
-        with nogil:
-            of_pool_parallel_for((N + job.chunk - 1) // job.chunk if N > 0 else 0, _row_task, &job, nt)
-        free(asum)
+        _fused_row(bp, scp, zpu, zpf, biasp, ap, op, nblk, N, nt)
         return out
     with nogil, parallel(num_threads=nt):
         row = <float*>malloc((kpad + 4) * sizeof(float))
@@ -271,32 +280,7 @@ cdef class OneRowNBits:
             dims[d] = aa.shape[d]
         dims[nd - 1] = N
         out = cnp.PyArray_EMPTY(nd, dims, cnp.NPY_FLOAT32, 0)
-        cdef const float* ap = <const float*>cnp.PyArray_DATA(aa)
-        cdef float* asum = <float*>malloc(nblk * sizeof(float))
-        cdef float acc
-        if asum == NULL:
-            raise MemoryError(f"matmul_nbits: cannot allocate {nblk * 4} bytes of block sums")
-        cdef _RowJob job
         cdef int nt = _fit_threads(self.threads, N, 2.0 * N * K) if self.threads > 1 else 1
-        with nogil:
-            for kb in range(nblk):
-                acc = 0.0
-                for i in range(32):
-                    acc = acc + ap[kb * 32 + i]
-                asum[kb] = acc
-            job.bp = <const uint8_t*>cnp.PyArray_DATA(ba)
-            job.scp = <const float*>cnp.PyArray_DATA(sa)
-            job.zpu = zpu
-            job.zpf = zpf
-            job.biasp = biasp
-            job.ap = ap
-            job.asum = asum
-            job.op = <float*>cnp.PyArray_DATA(out)
-            job.nblk = nblk
-            job.half = 16
-            job.zrow = (nblk + 1) // 2
-            job.N = N
-            job.chunk = (N + 4 * nt - 1) // (4 * nt) if nt > 1 else N
-            of_pool_parallel_for((N + job.chunk - 1) // job.chunk, _row_task, &job, nt)
-        free(asum)
+        _fused_row(<const uint8_t*>cnp.PyArray_DATA(ba), <const float*>cnp.PyArray_DATA(sa), zpu, zpf, biasp,
+                   <const float*>cnp.PyArray_DATA(aa), <float*>cnp.PyArray_DATA(out), nblk, N, nt)
         return out

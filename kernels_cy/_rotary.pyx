@@ -114,7 +114,6 @@ def rotary(x, cos, sin, out, position_ids=None, start=None, bint interleaved=Fal
     cdef const float* sr
     cdef const float* xr
     cdef float* yr
-    cdef float x0, x1
     with nogil:
         for item in prange(B * S, num_threads=nt, schedule="static"):
             b = item // S
@@ -132,19 +131,5 @@ def rotary(x, cos, sin, out, position_ids=None, start=None, bint interleaved=Fal
             for h in range(H):
                 xr = <const float*>(xp + b * xst[0] + s * xst[1] + h * xst[2])
                 yr = <float*>(op + b * ost[0] + s * ost[1] + h * ost[2])
-                if interleaved:
-                    for i in range(half):
-                        x0 = xr[2 * i]
-                        x1 = xr[2 * i + 1]
-                        yr[2 * i] = x0 * cr[i] - x1 * sr[i]
-                        yr[2 * i + 1] = x1 * cr[i] + x0 * sr[i]
-                else:
-                    for i in range(half):
-                        x0 = xr[i]
-                        x1 = xr[i + half]
-                        yr[i] = x0 * cr[i] - x1 * sr[i]
-                        yr[i + half] = x1 * cr[i] + x0 * sr[i]
-                if yr != xr:
-                    for i in range(2 * half, D):
-                        yr[i] = xr[i]
+                _rotate_head(xr, yr, cr, sr, half, D, interleaved)
     return out
