@@ -25,14 +25,7 @@ from libc.stdlib cimport free, malloc
 
 include "_common.pxi"
 
-cdef extern from "_pool_api.h":
-    ctypedef void (*of_task_fn)(void* ctx, long i) noexcept nogil
-    int of_pool_import() except -1
-    void of_pool_parallel_for(long n, of_task_fn fn, void* ctx, int threads) nogil
-
-import onnxforge.kernels_cy._pool  # noqa: F401  (the pool's owner must be imported first)
-
-of_pool_import()
+include "_pool_client.pxi"
 
 cdef extern from *:
     void __builtin_prefetch(const void* p, int rw, int locality) noexcept nogil

@@ -12,10 +12,7 @@ own buffers: it is not a runtime buffer, and a decode step allocates nothing for
 """
 include "_common.pxi"
 
-cdef extern from "_pool_api.h":
-    ctypedef void (*of_task_fn)(void* ctx, long i) noexcept nogil
-    int of_pool_import() except -1
-    void of_pool_parallel_for(long n, of_task_fn fn, void* ctx, int threads) nogil
+include "_pool_client.pxi"
 
 cdef extern from *:
     """
@@ -40,9 +37,6 @@ cdef extern from "_gemv.h" nogil:
     void of_gemv_rows(const float* x, const float* W, Py_ssize_t ldw, float* y,
                       Py_ssize_t k0, Py_ssize_t k1, Py_ssize_t j0, Py_ssize_t j1)
 
-import onnxforge.kernels_cy._pool  # noqa: F401  (the capsule's owner must be imported first)
-
-of_pool_import()
 
 __all__ = ["COLUMN_BLOCK", "PARALLEL_BYTES", "OneRowMatMul", "gemv"]
 

@@ -20,14 +20,7 @@ from libc.stdlib cimport malloc, free
 
 include "_common.pxi"
 
-cdef extern from "_pool_api.h":
-    ctypedef void (*of_task_fn)(void* ctx, long i) noexcept nogil
-    int of_pool_import() except -1
-    void of_pool_parallel_for(long n, of_task_fn fn, void* ctx, int threads) nogil
-
-import onnxforge.kernels_cy._pool  # noqa: F401  (the pool's owner must be imported first)
-
-of_pool_import()
+include "_pool_client.pxi"
 
 
 ctypedef struct _RowJob:
@@ -183,7 +176,6 @@ def matmul_nbits(a, b_quant, scales, zero_points, Py_ssize_t K, Py_ssize_t N, ou
     cdef Py_ssize_t kpad = nblk * block_size
     cdef int failed = 0
     cdef int* failp = &failed
-    cdef Py_ssize_t kb, i
     if M == 1 and block_size == 32 and K == kpad:
         # one activation row: a fused per-block product that never writes a dequantized row
         _fused_row(bp, scp, zpu, zpf, biasp, ap, op, nblk, N, nt)
@@ -236,7 +228,7 @@ cdef class OneRowNBits:
 
     def __call__(self, a, b, scales, zp=None, g_idx=None, bias=None):
         cdef cnp.ndarray aa, ba, sa, za, biasa, out
-        cdef Py_ssize_t K = self.K, N = self.N, nblk = self.nblk, kb, i
+        cdef Py_ssize_t K = self.K, N = self.N, nblk = self.nblk
         cdef const uint8_t* zpu = NULL
         cdef const float* zpf = NULL
         cdef const float* biasp = NULL

@@ -30,14 +30,7 @@ from libc.string cimport memcpy, memset
 
 include "_common.pxi"
 
-cdef extern from "_pool_api.h":
-    ctypedef void (*of_task_fn)(void* ctx, long i) noexcept nogil
-    int of_pool_import() except -1
-    void of_pool_parallel_for(long n, of_task_fn fn, void* ctx, int threads) nogil
-
-import onnxforge.kernels_cy._pool  # noqa: F401  (the pool's owner must be imported first)
-
-of_pool_import()
+include "_pool_client.pxi"
 
 __all__ = ["FORMAT_NAMES", "MAXG", "attention", "decode_page", "encode_rows", "init_page",
            "page_bytes", "workspace_floats"]

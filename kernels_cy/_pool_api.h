@@ -1,7 +1,8 @@
-/* Client side of the worker pool (kernels_cy/_pool.h): kernel modules reach the one pool
- * owned by ``onnxforge.kernels_cy._pool`` through a capsule, so every module shares the
- * same workers. Import the owner module from Python first, then call of_pool_import() once
- * (it raises on failure): PyCapsule_Import does not import submodules. */
+/* Client side of the worker pool (kernels_cy/_pool.h), included by the kernel modules
+ * through _pool_client.pxi: they reach the one pool owned by ``onnxforge.kernels_cy._pool``
+ * through a capsule, so every module shares the same workers. Import the owner module from
+ * Python first, then call of_pool_import() once (it raises on failure): PyCapsule_Import
+ * does not import submodules. */
 #ifndef ONNXFORGE_POOL_API_H
 #define ONNXFORGE_POOL_API_H
 

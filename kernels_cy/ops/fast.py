@@ -33,7 +33,6 @@ OneRowNBits = cython_kernel("_matmul_nbits", "OneRowNBits")
 softmax = cython_kernel("_softmax", "softmax")
 sigmoid = cython_kernel("_softmax", "sigmoid")
 cache_update = cython_kernel("_cache", "cache_update")
-gemv = cython_kernel("_gemv", "gemv")
 OneRowMatMul = cython_kernel("_gemv", "OneRowMatMul")
 # the shared worker pool: a session marks its runs so the workers spin only during one
 pool_run_begins = cython_kernel("_pool", "run_begins")

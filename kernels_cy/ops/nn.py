@@ -13,32 +13,21 @@ F32 = np.dtype(np.float32)
 __all__: list[str] = []
 
 
-def _one_row(a, b) -> bool:
-    """A float32 product of one row by a 2-D matrix with unit column stride (a decode step)."""
-    return (fast.gemv is not None and b.ndim == 2 and a.ndim >= 1 and a.dtype == F32 and b.dtype == F32 and a.size == b.shape[0]
-            and a.flags.c_contiguous and (b.strides[1] == 4 or b.shape[1] <= 1) and b.shape[0] > 0)
-
-
 @register("", "MatMul")
 class MatMul(Kernel):
-    """One float32 row times a matrix: the pool's streaming product (``_gemv``);
-    otherwise numpy's matmul (BLAS, no copy of C- or F-ordered operands), a small
-    product running BLAS on one thread (``threads.BLAS``)."""
+    """One float32 row times a matrix: the pool's streaming product (``_gemv.OneRowMatMul``,
+    installed as ``run``); otherwise numpy's matmul (BLAS, no copy of C- or F-ordered
+    operands), a small product running BLAS on one thread (``threads.BLAS``)."""
 
     def __init__(self, spec: NodeSpec):
         super().__init__(spec)
-        self.threads = spec.threads
-        if fast.OneRowMatMul is not None:  # the compiled call, falling back to the method below
-            self.run = fast.OneRowMatMul(spec.threads, self._run)  # type: ignore[method-assign]
+        if fast.OneRowMatMul is not None:  # the compiled call, falling back to BLAS below
+            self.run = fast.OneRowMatMul(spec.threads, self._blas)  # type: ignore[method-assign]
 
     def run(self, a, b):
-        return self._run(a, b)
+        return self._blas(a, b)
 
-    def _run(self, a, b):
-        if _one_row(a, b):
-            out = np.empty(a.shape[:-1] + (b.shape[1],), F32)
-            fast.gemv(a.reshape(-1), b, out.reshape(-1), self.threads)
-            return out
+    def _blas(self, a, b):
         BLAS.for_work(a.size * b.shape[-1], b.nbytes)
         return np.matmul(a, b)
 

@@ -224,11 +224,16 @@ def encoded(name: str, *, type_ref: int | None = None, struct: Any = None, affin
     return ev
 
 
-def value_info(name: str, tp: Any = None) -> Any:
-    """``ValueInfoProto(name, type)``; ``tp=None`` leaves the type unset."""
+def value_info(name: str, tp: Any = None, *, access: int = 0, alias_of: str = "") -> Any:
+    """``ValueInfoProto(name, type)``; ``tp=None`` leaves the type unset; ``access`` and
+    ``alias_of`` set the alias fields when given."""
     vi = schema.ValueInfoProto(name=name)
     if tp is not None:
         vi.type.CopyFrom(ext(tp, "TypeProto"))
+    if access:
+        vi.access = access
+    if alias_of:
+        vi.alias_of = alias_of
     return vi
 
 

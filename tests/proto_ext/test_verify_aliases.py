@@ -25,13 +25,7 @@ def node(op: str, inputs: list[str], outputs: list[str], *, name: str = "", doma
     return n
 
 
-def vi(name: str, tp: Any = None, *, access: int = 0, alias_of: str = "") -> Any:
-    v = value_info(name, tp)
-    if access:
-        v.access = access
-    if alias_of:
-        v.alias_of = alias_of
-    return v
+vi = value_info  # name, type, and the alias fields
 
 
 def t(*dims: Any, elem: int = FLOAT) -> Any:

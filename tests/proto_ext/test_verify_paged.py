@@ -28,13 +28,7 @@ CONTAINER_ID = 7100
 H, P, D, N = 2, 8, 64, 4
 
 
-def _vi(name: str, tp: Any, *, access: int = 0, alias_of: str = "") -> Any:
-    v = value_info(name, tp)
-    if access:
-        v.access = access
-    if alias_of:
-        v.alias_of = alias_of
-    return v
+_vi = value_info  # name, type, and the alias fields
 
 
 def _node(op: str, inputs: list[str], outputs: list[str], *, alias: bool = False, **attrs: Any) -> Any:
