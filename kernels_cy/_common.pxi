@@ -18,11 +18,15 @@ cdef extern from "_simd.h" nogil:
     void of_pv(float* acc, Py_ssize_t ldacc, Py_ssize_t G, const float* p, Py_ssize_t ldp,
                const float* v, Py_ssize_t vs, Py_ssize_t nb, Py_ssize_t d)
     void of_dot4(const float* w, const float* a, Py_ssize_t lda, Py_ssize_t n, float* out)
-    float of_q4dot32(const uint8_t* codes, const float* scales, const uint8_t* zp_packed,
-                     const float* zp_float, const float* a, const float* asum, Py_ssize_t nblk)
+    void of_q4_prepare(const float* a, float* ap, float* asum, Py_ssize_t nblk)
+    void of_q4_zero_terms(const float* scales, const uint8_t* zp_packed, const float* zp_float,
+                          Py_ssize_t nblk, Py_ssize_t nrows, float* szp)
+    void of_q4dot32_rows(const uint8_t* codes, const float* scales, const float* ap, Py_ssize_t nblk,
+                         Py_ssize_t nrows, float* out)
     int of_simd_init()
     void of_simd_force_baseline(int on)
     int of_simd_avx2
+    int of_simd_avx512
 
 of_simd_init()
 
@@ -76,8 +80,14 @@ def simd_avx2() -> bool:
     return bool(of_simd_avx2)
 
 
-def _force_baseline_simd(bint on) -> None:
-    """Use the portable vector primitives (``on``) or the best the CPU supports again."""
+def simd_avx512() -> bool:
+    """True when the primitives that have an AVX-512 version use it."""
+    return bool(of_simd_avx512)
+
+
+def _force_baseline_simd(int on) -> None:
+    """Use the portable vector primitives (``on`` true or 1), AVX2 without AVX-512 (2), or
+    the best the CPU supports again (0 or False)."""
     of_simd_force_baseline(on)
 
 

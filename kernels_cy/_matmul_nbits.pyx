@@ -18,6 +18,8 @@ straight from the packed codes. Parallel over N. float32 activations only.
 from cython.parallel cimport parallel, prange
 from libc.stdlib cimport malloc, free
 
+import mmap
+
 include "_common.pxi"
 
 include "_pool_client.pxi"
@@ -26,15 +28,12 @@ include "_pool_client.pxi"
 ctypedef struct _RowJob:
     const uint8_t* bp
     const float* scp
-    const uint8_t* zpu
-    const float* zpf
+    const float* szp
     const float* biasp
     const float* ap
     const float* asum
     float* op
     Py_ssize_t nblk
-    Py_ssize_t half
-    Py_ssize_t zrow
     Py_ssize_t N
     Py_ssize_t chunk
 
@@ -42,47 +41,43 @@ ctypedef struct _RowJob:
 cdef void _row_task(void* ctx, long t) noexcept nogil:
     """Outputs ``[t * chunk, (t + 1) * chunk)`` of a one-row product straight from the codes."""
     cdef _RowJob* j = <_RowJob*>ctx
-    cdef Py_ssize_t n, n1 = (t + 1) * j.chunk
+    cdef Py_ssize_t n, n0 = t * j.chunk, n1 = (t + 1) * j.chunk, nblk = j.nblk
     if n1 > j.N:
         n1 = j.N
-    for n in range(t * j.chunk, n1):
-        j.op[n] = of_q4dot32(j.bp + n * j.nblk * j.half, j.scp + n * j.nblk,
-                             j.zpu + n * j.zrow if j.zpu != NULL else NULL,
-                             j.zpf + n * j.nblk if j.zpf != NULL else NULL,
-                             j.ap, j.asum, j.nblk) + (j.biasp[n] if j.biasp != NULL else 0.0)
+    of_q4dot32_rows(j.bp + n0 * nblk * 16, j.scp + n0 * nblk, j.ap, nblk, n1 - n0, j.op + n0)
+    for n in range(n0, n1):
+        j.op[n] = j.op[n] - of_dot(j.szp + n * nblk, j.asum, nblk) + (j.biasp[n] if j.biasp != NULL else 0.0)
 
-cdef int _fused_row(const uint8_t* bp, const float* scp, const uint8_t* zpu, const float* zpf,
-                    const float* biasp, const float* ap, float* op, Py_ssize_t nblk, Py_ssize_t N,
-                    int nt) except -1:
-    """One activation row with blocks of 32: block sums of the row, then the outputs in
-    chunks on the pool, straight from the packed codes."""
-    cdef float* asum = <float*>malloc(nblk * sizeof(float))
-    cdef Py_ssize_t kb, i
-    cdef float acc
+
+cdef int _fused_row(const uint8_t* bp, const float* scp, const float* szp, const uint8_t* zpu,
+                    const float* zpf, const float* biasp, const float* ap, float* op, Py_ssize_t nblk,
+                    Py_ssize_t N, int nt) except -1:
+    """One activation row with blocks of 32: the row in nibble order and its block sums,
+    then the outputs in chunks on the pool, straight from the packed codes. ``szp`` holds
+    the scale times zero point of every block (of_q4_zero_terms); NULL computes it here."""
+    cdef Py_ssize_t words = nblk * 33 + (N * nblk if szp == NULL else 0)
+    cdef float* work = <float*>malloc(words * sizeof(float))
     cdef _RowJob job
-    if asum == NULL:
-        raise MemoryError(f"matmul_nbits: cannot allocate {nblk * 4} bytes of block sums")
+    if work == NULL:
+        raise MemoryError(f"matmul_nbits: cannot allocate {words * 4} bytes of workspace")
     with nogil:
-        for kb in range(nblk):
-            acc = 0.0
-            for i in range(32):
-                acc = acc + ap[kb * 32 + i]
-            asum[kb] = acc
+        of_q4_prepare(ap, work, work + nblk * 32, nblk)
+        if szp == NULL:
+            of_q4_zero_terms(scp, zpu, zpf, nblk, N, work + nblk * 33)
+            szp = work + nblk * 33
         job.bp = bp
         job.scp = scp
-        job.zpu = zpu
-        job.zpf = zpf
+        job.szp = szp
         job.biasp = biasp
-        job.ap = ap
-        job.asum = asum
+        job.ap = work
+        job.asum = work + nblk * 32
         job.op = op
         job.nblk = nblk
-        job.half = 16
-        job.zrow = (nblk + 1) // 2
         job.N = N
-        job.chunk = (N + 4 * nt - 1) // (4 * nt) if nt > 1 else N
+        # chunks of a multiple of four rows: the kernel shares each block's activations among four
+        job.chunk = ((N + 4 * nt - 1) // (4 * nt) + 3) // 4 * 4 if nt > 1 else N
         of_pool_parallel_for((N + job.chunk - 1) // job.chunk if N > 0 else 0, _row_task, &job, nt)
-    free(asum)
+    free(work)
     return 0
 
 
@@ -178,7 +173,7 @@ def matmul_nbits(a, b_quant, scales, zero_points, Py_ssize_t K, Py_ssize_t N, ou
     cdef int* failp = &failed
     if M == 1 and block_size == 32 and K == kpad:
         # one activation row: a fused per-block product that never writes a dequantized row
-        _fused_row(bp, scp, zpu, zpf, biasp, ap, op, nblk, N, nt)
+        _fused_row(bp, scp, NULL, zpu, zpf, biasp, ap, op, nblk, N, nt)
         return out
     with nogil, parallel(num_threads=nt):
         row = <float*>malloc((kpad + 4) * sizeof(float))
@@ -209,6 +204,19 @@ def matmul_nbits(a, b_quant, scales, zero_points, Py_ssize_t K, Py_ssize_t N, ou
     return out
 
 
+cdef bint _frozen(object a):
+    """Nothing in the process writes ``a``'s data: a read-only array whose bases are
+    read-only arrays, ending in immutable bytes or a read-only view of them or of a memory
+    map (a model's weights read from its file)."""
+    while isinstance(a, cnp.ndarray):
+        if cnp.PyArray_ISWRITEABLE(<cnp.ndarray>a):
+            return False
+        a = a.base
+    if isinstance(a, memoryview):
+        return (<memoryview>a).readonly and isinstance((<memoryview>a).obj, (bytes, mmap.mmap))
+    return a is None or isinstance(a, bytes)
+
+
 cdef class OneRowNBits:
     """A MatMulNBits kernel's call for one float32 activation row with 4-bit blocks of 32
     (a decode step): the fused product straight from the packed codes with no Python in
@@ -218,6 +226,8 @@ cdef class OneRowNBits:
     cdef Py_ssize_t K, N, nblk
     cdef int threads
     cdef object fallback
+    cdef object _scales, _zp     # the read-only operands _szp was computed from
+    cdef cnp.ndarray _szp        # their scale * zero point per block, float32 [N * nblk]
 
     def __init__(self, Py_ssize_t K, Py_ssize_t N, Py_ssize_t block_size, int threads, fallback):
         self.K = K
@@ -273,6 +283,22 @@ cdef class OneRowNBits:
         dims[nd - 1] = N
         out = cnp.PyArray_EMPTY(nd, dims, cnp.NPY_FLOAT32, 0)
         cdef int nt = _fit_threads(self.threads, N, 2.0 * N * K) if self.threads > 1 else 1
-        _fused_row(<const uint8_t*>cnp.PyArray_DATA(ba), <const float*>cnp.PyArray_DATA(sa), zpu, zpf, biasp,
+        _fused_row(<const uint8_t*>cnp.PyArray_DATA(ba), <const float*>cnp.PyArray_DATA(sa),
+                   self._zero_terms(sa, zp, zpu, zpf), zpu, zpf, biasp,
                    <const float*>cnp.PyArray_DATA(aa), <float*>cnp.PyArray_DATA(out), nblk, N, nt)
         return out
+
+    cdef const float* _zero_terms(self, cnp.ndarray sa, object zp, const uint8_t* zpu, const float* zpf):
+        """The blocks' scale * zero point, computed once for read-only constant operands (a
+        model's weights), else NULL (computed per call)."""
+        if self._szp is not None and sa is self._scales and zp is self._zp:
+            return <const float*>cnp.PyArray_DATA(self._szp)
+        if not _frozen(sa) or (zp is not None and not _frozen(zp)):
+            return NULL
+        cdef cnp.npy_intp size = self.N * self.nblk
+        cdef cnp.ndarray szp = cnp.PyArray_EMPTY(1, &size, cnp.NPY_FLOAT32, 0)
+        with nogil:
+            of_q4_zero_terms(<const float*>cnp.PyArray_DATA(sa), zpu, zpf, self.nblk, self.N,
+                             <float*>cnp.PyArray_DATA(szp))
+        self._scales, self._zp, self._szp = sa, zp, szp
+        return <const float*>cnp.PyArray_DATA(szp)

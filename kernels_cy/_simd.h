@@ -403,20 +403,26 @@ static OF_TARGET_AVX2 OF_DOT4_SIG(of_dot4_avx2) {
 }
 #endif
 
-/* 1 when the AVX2+FMA versions run; set once by of_simd_init(). */
+/* 1 when the AVX2+FMA versions run; set once by of_simd_init(). The few primitives with an
+ * AVX-512 version use it when of_simd_avx512 is 1 too. */
 static int of_simd_avx2 = 0;
+static int of_simd_avx512 = 0;
 
 static int of_simd_init(void) {
 #if OF_HAVE_AVX2_CLONE
     __builtin_cpu_init();
     of_simd_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    of_simd_avx512 = of_simd_avx2 && __builtin_cpu_supports("avx512f");
 #endif
     return of_simd_avx2;
 }
 
-/* Force the portable versions (tests compare both paths). */
+/* Force the portable versions (on=1), AVX2 without AVX-512 (on=2), or the best the CPU
+ * has (on=0); tests compare the paths. */
 static void of_simd_force_baseline(int on) {
-    if (on) of_simd_avx2 = 0; else of_simd_init();
+    of_simd_init();
+    if (on == 1) of_simd_avx2 = 0;
+    if (on) of_simd_avx512 = 0;
 }
 
 #if OF_HAVE_AVX2_CLONE
@@ -454,58 +460,141 @@ static inline void of_dot4(const float* w, const float* a, ptrdiff_t lda, ptrdif
     OF_DISPATCH(of_dot4_base, of_dot4_avx2, w, a, lda, n, out);
 }
 
-/* One row of a 4-bit MatMulNBits with block_size 32 against one activation row, without
- * materializing the row: sum over blocks b of s_b * (codes_b . a_b - z_b * asum_b), where
- * asum_b is the sum of a over block b. codes: 16 bytes per block, low nibble first. */
+/* 4-bit MatMulNBits rows with block_size 32 against one activation row, without
+ * materializing a row. codes: 16 bytes per block, low nibble first (byte j holds elements
+ * 2j and 2j + 1). The activations are laid out once per call in "nibble order"
+ * (of_q4_prepare): per block, ap[j] = a[2j] and ap[16 + j] = a[2j + 1], so that the low and
+ * high nibbles of 16 bytes widen to two vectors that multiply contiguous activations.
+ * of_q4dot32_rows gives sum over blocks b of s_b * (codes_b . a_b); the zero points enter
+ * as - sum_b s_b z_b asum_b, asum_b being the sum of a over block b (of_q4_zero_terms). */
 static inline float of_q4zp(const uint8_t* zp_packed, const float* zp_float, ptrdiff_t kb) {
     if (zp_packed) return (float)((zp_packed[kb >> 1] >> ((kb & 1) * 4)) & 15);
     if (zp_float) return zp_float[kb];
     return 8.0f;
 }
-static float of_q4dot32_base(const uint8_t* codes, const float* scales, const uint8_t* zp_packed,
-                             const float* zp_float, const float* a, const float* asum, ptrdiff_t nblk) {
-    float total = 0.0f;
-    ptrdiff_t kb, i;
+static void of_q4_prepare(const float* a, float* ap, float* asum, ptrdiff_t nblk) {
+    ptrdiff_t kb, j;
     for (kb = 0; kb < nblk; ++kb) {
-        const uint8_t* c = codes + kb * 16;
-        const float* ab = a + kb * 32;
-        float d = 0.0f;
-        for (i = 0; i < 16; ++i) d += (float)(c[i] & 15) * ab[2 * i] + (float)(c[i] >> 4) * ab[2 * i + 1];
-        total += scales[kb] * (d - of_q4zp(zp_packed, zp_float, kb) * asum[kb]);
+        const float* x = a + kb * 32;
+        float* y = ap + kb * 32;
+        float t = 0.0f;
+        for (j = 0; j < 16; ++j) {
+            y[j] = x[2 * j];
+            y[16 + j] = x[2 * j + 1];
+        }
+        for (j = 0; j < 32; ++j) t += x[j];
+        asum[kb] = t;
     }
-    return total;
+}
+/* szp[r * nblk + b] = s_b z_b of row r (rows [0, nrows)), for the zero-point term. */
+static void of_q4_zero_terms(const float* scales, const uint8_t* zp_packed, const float* zp_float,
+                             ptrdiff_t nblk, ptrdiff_t nrows, float* szp) {
+    ptrdiff_t r, kb, zrow = (nblk + 1) / 2;
+    for (r = 0; r < nrows; ++r)
+        for (kb = 0; kb < nblk; ++kb)
+            szp[r * nblk + kb] = scales[r * nblk + kb] *
+                of_q4zp(zp_packed ? zp_packed + r * zrow : NULL, zp_float ? zp_float + r * nblk : NULL, kb);
+}
+static void of_q4dot32_rows_base(const uint8_t* codes, const float* scales, const float* ap,
+                                 ptrdiff_t nblk, ptrdiff_t nrows, float* out) {
+    ptrdiff_t r, kb, j;
+    for (r = 0; r < nrows; ++r) {
+        float total = 0.0f;
+        for (kb = 0; kb < nblk; ++kb) {
+            const uint8_t* c = codes + (r * nblk + kb) * 16;
+            const float* ab = ap + kb * 32;
+            float d = 0.0f;
+            for (j = 0; j < 16; ++j) d += (float)(c[j] & 15) * ab[j] + (float)(c[j] >> 4) * ab[16 + j];
+            total += scales[r * nblk + kb] * d;
+        }
+        out[r] = total;
+    }
 }
 #if OF_HAVE_AVX2_CLONE
-static OF_TARGET_AVX2 float of_q4dot32_avx2(const uint8_t* codes, const float* scales,
-                                            const uint8_t* zp_packed, const float* zp_float,
-                                            const float* a, const float* asum, ptrdiff_t nblk) {
-    const __m128i mask = _mm_set1_epi8(15);
-    __m256 tot = _mm256_setzero_ps();
-    float corr = 0.0f;
-    ptrdiff_t kb;
-    for (kb = 0; kb < nblk; ++kb) {
-        float sc = scales[kb];
-        __m128i b = _mm_loadu_si128((const __m128i*)(codes + kb * 16));
-        __m128i lo = _mm_and_si128(b, mask);
-        __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), mask);
-        __m128i p0 = _mm_unpacklo_epi8(lo, hi);   /* codes 0..15 of the block */
-        __m128i p1 = _mm_unpackhi_epi8(lo, hi);   /* codes 16..31 */
-        const float* ab = a + kb * 32;
-        __m256 c = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(p0)), _mm256_loadu_ps(ab));
-        c = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(p0, 8))),
-                            _mm256_loadu_ps(ab + 8), c);
-        c = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(p1)), _mm256_loadu_ps(ab + 16), c);
-        c = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(p1, 8))),
-                            _mm256_loadu_ps(ab + 24), c);
-        tot = _mm256_fmadd_ps(_mm256_set1_ps(sc), c, tot);
-        corr += sc * of_q4zp(zp_packed, zp_float, kb) * asum[kb];
+/* one block of 32 codes of one row, AVX2: two 8-byte halves widened to 32-bit lanes */
+#define OF_Q4_BLOCK_AVX2(cb, ab, acc_lo, acc_hi, sc)                                          \
+    do {                                                                                     \
+        __m256i x0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(cb)));            \
+        __m256i x1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)((cb) + 8)));      \
+        __m256 c = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_and_si256(x0, m15)), (ab)[0]);    \
+        __m256 d = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(x0, 4)), (ab)[2]);     \
+        c = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(x1, m15)), (ab)[1], c);      \
+        d = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(x1, 4)), (ab)[3], d);       \
+        acc_lo = _mm256_fmadd_ps(sc, c, acc_lo);                                             \
+        acc_hi = _mm256_fmadd_ps(sc, d, acc_hi);                                             \
+    } while (0)
+static OF_TARGET_AVX2 void of_q4dot32_rows_avx2(const uint8_t* codes, const float* scales, const float* ap,
+                                                ptrdiff_t nblk, ptrdiff_t nrows, float* out) {
+    const __m256i m15 = _mm256_set1_epi32(15);
+    ptrdiff_t r = 0, kb, i;
+    for (; r + 4 <= nrows; r += 4) {  /* four rows share each block's activations */
+        __m256 lo[4], hi[4];
+        for (i = 0; i < 4; ++i) lo[i] = hi[i] = _mm256_setzero_ps();
+        for (kb = 0; kb < nblk; ++kb) {
+            __m256 ab[4];
+            /* low nibbles of bytes 0..7 and 8..15, then their high nibbles */
+            for (i = 0; i < 4; ++i) ab[i] = _mm256_loadu_ps(ap + kb * 32 + 8 * i);
+            for (i = 0; i < 4; ++i) {
+                __m256 sc = _mm256_broadcast_ss(scales + (r + i) * nblk + kb);
+                OF_Q4_BLOCK_AVX2(codes + ((r + i) * nblk + kb) * 16, ab, lo[i], hi[i], sc);
+            }
+        }
+        for (i = 0; i < 4; ++i) out[r + i] = of_hsum256(_mm256_add_ps(lo[i], hi[i]));
     }
-    return of_hsum256(tot) - corr;
+    for (; r < nrows; ++r) {
+        __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
+        for (kb = 0; kb < nblk; ++kb) {
+            __m256 ab[4];
+            for (i = 0; i < 4; ++i) ab[i] = _mm256_loadu_ps(ap + kb * 32 + 8 * i);
+            __m256 sc = _mm256_broadcast_ss(scales + r * nblk + kb);
+            OF_Q4_BLOCK_AVX2(codes + (r * nblk + kb) * 16, ab, lo, hi, sc);
+        }
+        out[r] = of_hsum256(_mm256_add_ps(lo, hi));
+    }
+}
+#undef OF_Q4_BLOCK_AVX2
+#define OF_TARGET_AVX512 __attribute__((target("avx2,fma,avx512f")))
+/* AVX-512: a block's 16 bytes widen to one vector of 16 lanes; its low and high nibbles
+ * are the even and odd elements, against the two halves of the block's activations */
+static OF_TARGET_AVX512 void of_q4dot32_rows_avx512(const uint8_t* codes, const float* scales, const float* ap,
+                                                    ptrdiff_t nblk, ptrdiff_t nrows, float* out) {
+    const __m512i m15 = _mm512_set1_epi32(15);
+    ptrdiff_t r = 0, kb, i;
+    for (; r + 4 <= nrows; r += 4) {
+        __m512 acc[4];
+        for (i = 0; i < 4; ++i) acc[i] = _mm512_setzero_ps();
+        for (kb = 0; kb < nblk; ++kb) {
+            __m512 a0 = _mm512_loadu_ps(ap + kb * 32), a1 = _mm512_loadu_ps(ap + kb * 32 + 16);
+            for (i = 0; i < 4; ++i) {
+                __m512i x = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(codes + ((r + i) * nblk + kb) * 16)));
+                __m512 d = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_and_si512(x, m15)), a0);
+                d = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(x, 4)), a1, d);
+                acc[i] = _mm512_fmadd_ps(_mm512_set1_ps(scales[(r + i) * nblk + kb]), d, acc[i]);
+            }
+        }
+        for (i = 0; i < 4; ++i) out[r + i] = _mm512_reduce_add_ps(acc[i]);
+    }
+    for (; r < nrows; ++r) {
+        __m512 acc = _mm512_setzero_ps();
+        for (kb = 0; kb < nblk; ++kb) {
+            __m512i x = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(codes + (r * nblk + kb) * 16)));
+            __m512 d = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_and_si512(x, m15)), _mm512_loadu_ps(ap + kb * 32));
+            d = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(x, 4)), _mm512_loadu_ps(ap + kb * 32 + 16), d);
+            acc = _mm512_fmadd_ps(_mm512_set1_ps(scales[r * nblk + kb]), d, acc);
+        }
+        out[r] = _mm512_reduce_add_ps(acc);
+    }
 }
 #endif
-static inline float of_q4dot32(const uint8_t* codes, const float* scales, const uint8_t* zp_packed,
-                               const float* zp_float, const float* a, const float* asum, ptrdiff_t nblk) {
-    return OF_DISPATCH(of_q4dot32_base, of_q4dot32_avx2, codes, scales, zp_packed, zp_float, a, asum, nblk);
+static inline void of_q4dot32_rows(const uint8_t* codes, const float* scales, const float* ap,
+                                   ptrdiff_t nblk, ptrdiff_t nrows, float* out) {
+#if OF_HAVE_AVX2_CLONE
+    if (of_simd_avx512) {
+        of_q4dot32_rows_avx512(codes, scales, ap, nblk, nrows, out);
+        return;
+    }
+#endif
+    OF_DISPATCH(of_q4dot32_rows_base, of_q4dot32_rows_avx2, codes, scales, ap, nblk, nrows, out);
 }
 
 #endif /* ONNXFORGE_SIMD_H */

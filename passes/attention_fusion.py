@@ -28,9 +28,27 @@ keeps its meaning: a newer version must have the same attributes and ports (vers
 21-23 mostly added element types: int4, bfloat16, float4) and not be one of
 :data:`SEMANTIC_CHANGES`; otherwise it raises :class:`AttentionFusionError` naming
 the operator, before changing anything.
+
+A second rule, :data:`REPEAT_KV_RULES`, serves every ``Attention`` (fused here or
+exported at opset 23): ``torch.onnx`` writes the grouped-query "repeat_kv" of Hugging
+Face models as ``Reshape(Expand(Unsqueeze(k, [2]), [B, Hkv, G, T, D]), [B, Hkv*G, T, D])``
+on both keys and values, a copy of the whole cache per layer and step. ``Attention``
+reads fewer KV heads itself (query head ``h`` uses KV head ``h // G``, the same heads
+the repeat made), so the rule feeds it ``k`` and ``v`` directly::
+
+    before                                            after
+      kr = Reshape(Expand(Unsqueeze(k, [2]), s5), s4)   y = Attention(q, k, v, mask)
+      vr = Reshape(Expand(Unsqueeze(v, [2]), s5), s4)
+      y  = Attention(q, kr, vr, mask)
+
+It fires only when the shapes analysis proves the chain is exactly that repeat: ``k``
+is ``[B, Hkv, T, D]``, the Expand gives ``[B, Hkv, G, T, D]`` and the Reshape
+``[B, Hkv*G, T, D]`` with the same dimensions; ``q`` is 4-D, the node has no past
+inputs, no head-count attributes and no output but ``Y`` in use.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -45,6 +63,7 @@ from onnxforge.proto_ext.types import TensorType
 
 __all__ = [
     "ATTENTION_FUSION",
+    "REPEAT_KV_RULES",
     "SEMANTIC_CHANGES",
     "AttentionFusionError",
     "fuse_attention",
@@ -153,6 +172,70 @@ def _fuse(m: Match) -> Value | None:
 
 ATTENTION_FUSION = RuleTable([Rule(_PATTERN, _fuse, "decomposed_sdpa_to_attention")])
 """The rule table of the fusion (one rule)."""
+
+
+def _dims_equal(a: Any, b: Any) -> bool:
+    return a is not None and b is not None and a == b
+
+
+def _unrepeated(m: Match, kr: Value) -> tuple[Value, int] | None:
+    """``(k, G)`` when ``kr`` is ``Reshape(Expand(Unsqueeze(k, [2]), [B, H, G, T, D]),
+    [B, H*G, T, D])`` (shapes proven by the analysis), else None."""
+    from onnxforge.passes.fold import constant_value
+
+    rs = kr.producer()
+    if rs is None or rs.op_type != "Reshape" or not is_default_domain(rs.domain) or rs.inputs[0] is None:
+        return None
+    ex = rs.inputs[0].producer()
+    if ex is None or ex.op_type != "Expand" or not is_default_domain(ex.domain) or ex.inputs[0] is None:
+        return None
+    un = ex.inputs[0].producer()
+    if (un is None or un.op_type != "Unsqueeze" or not is_default_domain(un.domain) or len(un.inputs) != 2
+            or un.inputs[0] is None or un.inputs[1] is None):
+        return None
+    axes = constant_value(un.inputs[1])
+    if axes is None or axes.reshape(-1).tolist() not in ([2], [-3]):
+        return None
+    k = un.inputs[0]
+    ks, es, rsh = m.shape_of(k), m.shape_of(ex.outputs[0]), m.shape_of(kr)
+    if ks is None or es is None or rsh is None or (len(ks), len(es), len(rsh)) != (4, 5, 4):
+        return None
+    heads, g = ks[1], es[2]
+    if type(heads) is not int or type(g) is not int or g < 1:
+        return None
+    same = all(_dims_equal(ks[i], es[j]) for i, j in ((0, 0), (1, 1), (2, 3), (3, 4)))
+    if not same or not all(_dims_equal(ks[i], rsh[i]) for i in (0, 2, 3)) or rsh[1] != heads * g:
+        return None
+    return k, g
+
+
+def _drop_repeat_kv(m: Match) -> Value | Sequence[Value] | None:
+    # Attention(q, repeat(k, G), repeat(v, G), ...) = Attention(q, k, v, ...) (grouped heads)
+    node = m.root
+    if any(a in node.attributes for a in ("q_num_heads", "kv_num_heads")) or m.rank_of(m["q"]) != 4:
+        return None
+    if any(o.num_uses() or node.graph.is_output(o) for o in node.outputs[1:]):
+        return None
+    k, v = _unrepeated(m, m["k"]), _unrepeated(m, m["v"])
+    if k is None or v is None or k[1] != v[1] or k[1] == 1:
+        return None
+    qs, ks, vs = m.shape_of(m["q"]), m.shape_of(k[0]), m.shape_of(v[0])
+    if qs is None or type(qs[1]) is not int or qs[1] != ks[1] * k[1] or ks[1] != vs[1]:
+        return None
+    mask = [m["mask"]] if "mask" in m.values else []
+    outs = len(node.outputs)
+    y = m.op.Attention(m["q"], k[0], v[0], *mask, _outputs=outs, **node.attributes)
+    ys = [y] if outs == 1 else list(y)
+    for new, old in zip(ys, node.outputs):
+        new.type = old.type
+    return ys[0] if outs == 1 else ys
+
+
+REPEAT_KV_RULES = RuleTable([
+    Rule(Pattern("Attention", "q", "k", "v"), _drop_repeat_kv, "attention_repeat_kv"),
+    Rule(Pattern("Attention", "q", "k", "v", "mask"), _drop_repeat_kv, "attention_repeat_kv_mask"),
+])
+"""``Attention`` over repeated KV heads reads the grouped heads directly (module docstring)."""
 
 
 def _opset_problem(model: Model) -> str | None:

@@ -16,6 +16,9 @@ fused node's output has no other reader and the old weights no other reader
   ``Conv(x, W * c, b * c)``; ``Add(Conv(x, W, b), c)`` -> ``Conv(x, W, b + c)``.
 * ``Add(MatMul(A, B), C)`` with 2-D ``A``, constant 2-D ``B`` and ``C`` broadcastable
   to ``[M, N]`` -> ``Gemm(A, B, C)``.
+* ``Attention(q, repeat_kv(k), repeat_kv(v), ...)`` -> ``Attention(q, k, v, ...)``: the
+  grouped heads are read directly instead of a repeated copy of the cache
+  (:mod:`onnxforge.passes.attention_fusion`).
 
 Before / after::
 
@@ -41,6 +44,7 @@ from onnxforge.graphbuilder.ir import (
 )
 from onnxforge.graphbuilder.shapes import ShapesContext
 from onnxforge.graphbuilder.tensors import Tensor
+from onnxforge.passes.attention_fusion import REPEAT_KV_RULES
 from onnxforge.passes.domains import DEFAULT_DOMAINS, imported_version, opsets_in_scope
 from onnxforge.passes.effects import Effects, effect_analysis
 from onnxforge.passes.fold import constant_value
@@ -217,8 +221,10 @@ def _gemm_rules() -> Iterable[Rule]:
     yield Rule(Pattern("Add", Const("c"), mm), _matmul_add_to_gemm, "add_matmul_gemm")
 
 
-FUSION_RULES: RuleTable = RuleTable([*_conv_rules(), *_gemm_rules()])
-"""Conv/ConvTranspose + BatchNormalization / per-channel Mul / Add, and MatMul + Add -> Gemm."""
+FUSION_RULES: RuleTable = RuleTable([*_conv_rules(), *_gemm_rules(), *REPEAT_KV_RULES])
+"""Conv/ConvTranspose + BatchNormalization / per-channel Mul / Add, MatMul + Add -> Gemm, and
+``Attention`` over repeated KV heads reading the grouped heads directly
+(:data:`~onnxforge.passes.attention_fusion.REPEAT_KV_RULES`)."""
 
 
 def fuse(model: Model, shapes: ShapesContext | LazyShapes | None = None) -> int:

@@ -148,6 +148,51 @@ def test_one_row_nbits_matches_float64(zp_kind, with_bias, threads):
     np.testing.assert_allclose(got.reshape(-1), want, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("simd", [0, 2, 1], ids=["best", "avx2", "baseline"])
+@pytest.mark.parametrize("zp_kind", [None, "uint8", "float"])
+def test_one_row_nbits_zero_terms_of_constant_operands_follow_the_operands(simd, zp_kind):
+    # read-only operands (a model's weights) get their scale * zero point terms computed
+    # once; other read-only operands, or writable ones, must not reuse them. N = 4k + 3
+    # rows exercise the kernels' four-row groups and their remainder on every vector path.
+    from onnxforge.kernels_cy import _matmul_nbits
+    from onnxforge.kernels_cy._matmul_nbits import OneRowNBits
+
+    from . import reference as ref
+
+    rng = np.random.default_rng(17)
+    K, N = 160, 43
+    nblk = K // 32
+
+    def operands(writable: bool):
+        b = ref.pack_int4(rng.integers(0, 16, size=(N, nblk, 32)))
+        sc = rng.uniform(0.01, 0.1, size=N * nblk).astype(np.float32)
+        zp = None
+        if zp_kind == "uint8":
+            zp = ref.pack_int4(rng.integers(0, 16, size=(N, 2 * ((nblk + 1) // 2)))).reshape(-1)
+        elif zp_kind == "float":
+            zp = rng.uniform(6, 9, size=N * nblk).astype(np.float32)
+        for x in (b, sc, zp):
+            if x is not None:
+                x.flags.writeable = writable
+        return b, sc, zp
+
+    call = OneRowNBits(K, N, 32, 2, _Fallback())
+    a = rng.standard_normal((1, K), dtype=np.float32)
+    _matmul_nbits._force_baseline_simd(simd)
+    try:
+        for ops in (operands(False), operands(False), operands(True)):
+            for _ in range(2):
+                got = call(a, *ops)
+                want = a.reshape(-1).astype(np.float64) @ ref.dequant_int4(ops[0], ops[1], ops[2], K, 32).T
+                np.testing.assert_allclose(got.reshape(-1), want, rtol=1e-4, atol=1e-4)
+            if ops[1].flags.writeable:  # a writable operand changed in place is read afresh
+                ops[1][:] *= 2
+                want = a.reshape(-1).astype(np.float64) @ ref.dequant_int4(ops[0], ops[1], ops[2], K, 32).T
+                np.testing.assert_allclose(call(a, *ops).reshape(-1), want, rtol=1e-4, atol=1e-4)
+    finally:
+        _matmul_nbits._force_baseline_simd(0)
+
+
 def test_one_row_nbits_hands_other_forms_to_the_fallback():
     from onnxforge.kernels_cy._matmul_nbits import OneRowNBits
 

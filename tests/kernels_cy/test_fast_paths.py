@@ -285,10 +285,10 @@ def test_one_row_products_over_large_weights_use_the_runs_threads():
         BLAS.end(saved)
 
 
-@pytest.mark.parametrize("baseline", [False, True])
+@pytest.mark.parametrize("baseline", [0, 2, 1], ids=["best", "avx2", "baseline"])
 @pytest.mark.parametrize("zp_kind", [None, "uint8", "float"])
 def test_matmul_nbits_one_row_fused_path_matches_float64(baseline, zp_kind):
-    """M = 1, block 32: the per-block fused product (both vector paths) against float64."""
+    """M = 1, block 32: the per-block fused product (every vector path) against float64."""
     from onnxforge.kernels_cy import _matmul_nbits
     from tests.kernels_cy import reference as ref
 
@@ -307,9 +307,9 @@ def test_matmul_nbits_one_row_fused_path_matches_float64(baseline, zp_kind):
     out = np.full((1, n), np.nan, np.float32)
     _matmul_nbits._force_baseline_simd(baseline)
     try:
-        _matmul_nbits.matmul_nbits(a, bq, sc, zp, k, n, out, block_size=blk, bias=bias)
+        _matmul_nbits.matmul_nbits(a, bq, sc, zp, k, n, out, block_size=blk, bias=bias, num_threads=2)
     finally:
-        _matmul_nbits._force_baseline_simd(False)
+        _matmul_nbits._force_baseline_simd(0)
     want = a.astype(np.float64) @ ref.dequant_int4(bq, sc, zp, k, blk).T + bias
     np.testing.assert_allclose(out, want, atol=2e-5, rtol=1e-5)
 
