@@ -22,6 +22,7 @@ Work: B * kv_heads * S items in parallel on the shared worker pool (``_pool.h``)
 """
 from libc.math cimport INFINITY, expf, tanhf, sqrtf
 from libc.stdlib cimport free, malloc
+from libc.string cimport memchr, memcpy, memset
 
 include "_common.pxi"
 
@@ -30,7 +31,7 @@ include "_pool_client.pxi"
 cdef extern from *:
     void __builtin_prefetch(const void* p, int rw, int locality) noexcept nogil
 
-__all__ = ["MAX_HEAD_DIM", "gqa_attention", "gqa_decode"]
+__all__ = ["MAX_HEAD_DIM", "AttentionOneQuery", "GqaOneToken", "gqa_attention", "gqa_decode"]
 
 cdef enum:
     MAXG = 16      # query heads of one group handled in one pass
@@ -236,6 +237,89 @@ def gqa_attention(q, k_cache, v_cache, total_len, out, float scale=0.0, *, int l
     return out
 
 
+cdef int _decode_step(const char* qp, cnp.npy_intp qhs, const char* kp, cnp.npy_intp khs,
+                      const char* vp, cnp.npy_intp vhs, char* kcp, cnp.npy_intp* kcs, char* vcp,
+                      cnp.npy_intp* vcs, Py_ssize_t position, Py_ssize_t Hq, Py_ssize_t Hkv, Py_ssize_t D,
+                      const float* cr, const float* sr, Py_ssize_t half, bint interleaved, float scale,
+                      float softcap, float* outp, int nt) except -1:
+    """The checked body of :func:`gqa_decode`: heads ``qhs`` / ``khs`` / ``vhs`` bytes apart
+    (unit-stride rows), caches [1, Hkv, L, D] by strides, ``out`` C-contiguous [Hq, D];
+    ``cr`` / ``sr`` the rotary row of ``position`` (NULL: no rotation)."""
+    cdef bint rot = cr != NULL
+    cdef str kn = "gqa_decode"
+    if scale == 0.0:
+        scale = 1.0 / sqrtf(<float>D)
+    cdef float* qr = <float*>malloc(Hq * D * sizeof(float))
+    if qr == NULL:
+        raise MemoryError(f"{kn}: cannot allocate {Hq * D * 4} bytes for the rotated query")
+    cdef Py_ssize_t h, i
+    cdef const float* src
+    cdef float* dst
+    nt = _fit_threads(nt, Hkv, 4.0 * Hq * D * (position + 1))
+    try:
+        with nogil:
+            for h in range(Hq):
+                src = <const float*>(qp + h * qhs)
+                if rot:
+                    _rotate_head(src, qr + h * D, cr, sr, half, D, interleaved)
+                else:
+                    for i in range(D):
+                        qr[h * D + i] = src[i]
+            for h in range(Hkv):
+                src = <const float*>(kp + h * khs)
+                dst = <float*>(kcp + h * kcs[1] + position * kcs[2])
+                if rot:
+                    _rotate_head(src, dst, cr, sr, half, D, interleaved)
+                else:
+                    for i in range(D):
+                        dst[i] = src[i]
+                src = <const float*>(vp + h * vhs)
+                dst = <float*>(vcp + h * vcs[1] + position * vcs[2])
+                for i in range(D):
+                    dst[i] = src[i]
+            _attend_one(<const char*>qr, D * 4, kcp, kcs, vcp, vcs, position + 1, Hq, Hkv, D, scale, softcap,
+                        outp, nt)
+    finally:
+        free(qr)
+    return 0
+
+
+cdef void _attend_one(const char* qp, cnp.npy_intp qhs, const char* kcp, cnp.npy_intp* kcs, const char* vcp,
+                      cnp.npy_intp* vcs, int64_t total, Py_ssize_t Hq, Py_ssize_t Hkv, Py_ssize_t D, float scale,
+                      float softcap, float* outp, int nt) noexcept nogil:
+    """One query token (heads ``qhs`` bytes apart) attends to keys ``[0, total)`` of caches
+    [1, Hkv, L, D] given by strides; ``out`` C-contiguous [Hq, D]."""
+    cdef int64_t start = total - 1
+    cdef cnp.npy_intp qst[3]
+    cdef cnp.npy_intp ost[3]
+    cdef _GqaJob job
+    qst[0] = 0
+    qst[1] = 0
+    qst[2] = qhs
+    ost[0] = Hq * D * 4
+    ost[1] = Hq * D * 4
+    ost[2] = D * 4
+    job.qp = qp
+    job.kp = kcp
+    job.vp = vcp
+    job.op = <char*>outp
+    job.qst = qst
+    job.kst = kcs
+    job.vst = vcs
+    job.ost = ost
+    job.tv = &total
+    job.sv = &start
+    job.length_offset = 0
+    job.local_window = -1
+    job.S = 1
+    job.Hkv = Hkv
+    job.grp = Hq // Hkv
+    job.D = D
+    job.scale = scale
+    job.softcap = softcap
+    of_pool_parallel_for(Hkv, _gqa_item, &job, nt)
+
+
 def gqa_decode(q, k, v, k_cache, v_cache, Py_ssize_t position, cos, sin, out, float scale=0.0, *,
                float softcap=0.0, bint interleaved=False, num_threads=None):
     """One new token of a batch-1 GroupQueryAttention step, in one call.
@@ -286,71 +370,239 @@ def gqa_decode(q, k, v, k_cache, v_cache, Py_ssize_t position, cos, sin, out, fl
         return out
     if scale == 0.0:
         scale = 1.0 / sqrtf(<float>D)
-    cdef float* qr = <float*>malloc(Hq * D * sizeof(float))
-    if qr == NULL:
-        raise MemoryError(f"{kn}: cannot allocate {Hq * D * 4} bytes for the rotated query")
-    cdef const char* qp = <const char*>cnp.PyArray_DATA(qa)
-    cdef const char* kp = <const char*>cnp.PyArray_DATA(ka)
-    cdef const char* vp = <const char*>cnp.PyArray_DATA(va)
-    cdef char* kcp = <char*>cnp.PyArray_DATA(kc)
-    cdef char* vcp = <char*>cnp.PyArray_DATA(vc)
-    cdef cnp.npy_intp* qst = cnp.PyArray_STRIDES(qa)
-    cdef cnp.npy_intp* kst = cnp.PyArray_STRIDES(ka)
-    cdef cnp.npy_intp* vst = cnp.PyArray_STRIDES(va)
-    cdef cnp.npy_intp* kcs = cnp.PyArray_STRIDES(kc)
-    cdef cnp.npy_intp* vcs = cnp.PyArray_STRIDES(vc)
-    cdef Py_ssize_t h, i
-    cdef const float* src
-    cdef float* dst
-    cdef int64_t tot = position + 1
-    cdef int64_t start = position
-    cdef cnp.npy_intp qrs[4]
-    cdef _GqaJob job
-    nt = _fit_threads(nt, Hkv, 4.0 * Hq * D * tot)
-    try:
-        with nogil:
-            for h in range(Hq):
-                src = <const float*>(qp + h * qst[2])
-                if rot:
-                    _rotate_head(src, qr + h * D, cr, sr, half, D, interleaved)
-                else:
-                    for i in range(D):
-                        qr[h * D + i] = src[i]
-            for h in range(Hkv):
-                src = <const float*>(kp + h * kst[2])
-                dst = <float*>(kcp + h * kcs[1] + position * kcs[2])
-                if rot:
-                    _rotate_head(src, dst, cr, sr, half, D, interleaved)
-                else:
-                    for i in range(D):
-                        dst[i] = src[i]
-                src = <const float*>(vp + h * vst[2])
-                dst = <float*>(vcp + h * vcs[1] + position * vcs[2])
-                for i in range(D):
-                    dst[i] = src[i]
-            qrs[0] = Hq * D * 4
-            qrs[1] = Hq * D * 4
-            qrs[2] = D * 4
-            qrs[3] = 4
-            job.qp = <const char*>qr
-            job.kp = <const char*>kcp
-            job.vp = <const char*>vcp
-            job.op = <char*>cnp.PyArray_DATA(oa)
-            job.qst = qrs
-            job.kst = kcs
-            job.vst = vcs
-            job.ost = cnp.PyArray_STRIDES(oa)
-            job.tv = &tot
-            job.sv = &start
-            job.length_offset = 0
-            job.local_window = -1
-            job.S = 1
-            job.Hkv = Hkv
-            job.grp = Hq // Hkv
-            job.D = D
-            job.scale = scale
-            job.softcap = softcap
-            of_pool_parallel_for(Hkv, _gqa_item, &job, nt)
-    finally:
-        free(qr)
+    _decode_step(<const char*>cnp.PyArray_DATA(qa), cnp.PyArray_STRIDES(qa)[2],
+                 <const char*>cnp.PyArray_DATA(ka), cnp.PyArray_STRIDES(ka)[2],
+                 <const char*>cnp.PyArray_DATA(va), cnp.PyArray_STRIDES(va)[2],
+                 <char*>cnp.PyArray_DATA(kc), cnp.PyArray_STRIDES(kc),
+                 <char*>cnp.PyArray_DATA(vc), cnp.PyArray_STRIDES(vc), position, Hq, Hkv, D,
+                 cr, sr, half, interleaved, scale, softcap, <float*>cnp.PyArray_DATA(oa), nt)
     return out
+
+
+cdef inline bint _f32_rows(object a, int nd) noexcept:
+    """``a`` is a float32 ndarray of rank ``nd`` with a unit-stride last axis (or no element)."""
+    return (cnp.PyArray_Check(a) and cnp.PyArray_TYPE(<cnp.ndarray>a) == cnp.NPY_FLOAT32
+            and cnp.PyArray_NDIM(<cnp.ndarray>a) == nd
+            and (cnp.PyArray_STRIDES(<cnp.ndarray>a)[nd - 1] == 4 or cnp.PyArray_SIZE(<cnp.ndarray>a) == 0))
+
+
+cdef inline bint _one_int(object a, int64_t* value) noexcept:
+    """Reads the single element of an int32 / int64 array into ``value``."""
+    if not cnp.PyArray_Check(a) or cnp.PyArray_SIZE(<cnp.ndarray>a) != 1:
+        return False
+    cdef int t = cnp.PyArray_TYPE(<cnp.ndarray>a)
+    if t == cnp.NPY_INT32:
+        value[0] = (<int32_t*>cnp.PyArray_DATA(<cnp.ndarray>a))[0]
+    elif t == cnp.NPY_INT64:
+        value[0] = (<int64_t*>cnp.PyArray_DATA(<cnp.ndarray>a))[0]
+    else:
+        return False
+    return True
+
+
+cdef class GqaOneToken:
+    """A GroupQueryAttention kernel's call for one new token of batch row 0 (a decode
+    step): the rotation, the cache writes and the attention in one compiled call, with no
+    Python in between. Operands of any other form go to ``fallback`` (the kernel's
+    general path, which checks them and raises its errors).
+
+    ``shared``: present aliases past (the caches are written in place); ``floors(past_k,
+    past_v, position, 1)`` checks the write against the published lengths and returns the
+    run's length record, ``wrote(record, k, v, length)`` records the new length. Otherwise
+    present is a new ``[1, Hkv, max(total, capacity), D]`` buffer holding the past's first
+    ``position`` rows, the new row and zeros after it, as the general path makes it."""
+
+    cdef Py_ssize_t nq, nkv
+    cdef float scale, softcap
+    cdef bint rotary, interleaved, shared
+    cdef int n_out, threads
+    cdef object fallback, floors, wrote, where
+
+    def __init__(self, Py_ssize_t num_heads, Py_ssize_t kv_heads, float scale, float softcap, bint rotary,
+                 bint interleaved, bint shared, int n_outputs, int threads, fallback, floors, wrote, str where):
+        self.nq = num_heads
+        self.nkv = kv_heads
+        self.scale = scale
+        self.softcap = softcap
+        self.rotary = rotary
+        self.interleaved = interleaved
+        self.shared = shared
+        self.n_out = n_outputs
+        self.threads = threads if threads > 0 else 1
+        self.fallback = fallback
+        self.floors = floors
+        self.wrote = wrote
+        self.where = where
+
+    def __call__(self, q, k=None, v=None, past_k=None, past_v=None, seqlens_k=None, total_len=None,
+                 cos_cache=None, sin_cache=None, position_ids=None, attention_bias=None, head_sink=None):
+        cdef Py_ssize_t nq = self.nq, nkv = self.nkv, W, D, cap, plen, half = 0, h
+        cdef int64_t seqk, total
+        cdef const char* qp
+        cdef const char* kp
+        cdef const char* vp
+        cdef const float* cr = NULL
+        cdef const float* sr = NULL
+        cdef cnp.ndarray qa, ka, va, pka, pva, pk, pv, out
+        cdef cnp.npy_intp dims[4]
+        if (position_ids is not None or attention_bias is not None or head_sink is not None
+                or not _f32_rows(q, 3) or not _f32_rows(past_k, 4) or not _f32_rows(past_v, 4)
+                or not _one_int(seqlens_k, &seqk) or not _one_int(total_len, &total)):
+            return self.fallback(q, k, v, past_k, past_v, seqlens_k, total_len, cos_cache, sin_cache,
+                                 position_ids, attention_bias, head_sink)
+        qa = <cnp.ndarray>q
+        W = qa.shape[2]
+        if qa.shape[0] != 1 or qa.shape[1] != 1:
+            return self.fallback(q, k, v, past_k, past_v, seqlens_k, total_len, cos_cache, sin_cache)
+        if k is None and v is None:  # packed QKV
+            D = W // (nq + 2 * nkv)
+            if D * (nq + 2 * nkv) != W:
+                return self.fallback(q, k, v, past_k, past_v, seqlens_k, total_len, cos_cache, sin_cache)
+            qp = <const char*>cnp.PyArray_DATA(qa)
+            kp = qp + nq * D * 4
+            vp = kp + nkv * D * 4
+        else:
+            D = W // nq
+            if (D * nq != W or not _f32_rows(k, 3) or not _f32_rows(v, 3)
+                    or cnp.PyArray_SIZE(<cnp.ndarray>k) != nkv * D or cnp.PyArray_SIZE(<cnp.ndarray>v) != nkv * D):
+                return self.fallback(q, k, v, past_k, past_v, seqlens_k, total_len, cos_cache, sin_cache)
+            qp = <const char*>cnp.PyArray_DATA(qa)
+            kp = <const char*>cnp.PyArray_DATA(<cnp.ndarray>k)
+            vp = <const char*>cnp.PyArray_DATA(<cnp.ndarray>v)
+        pka = <cnp.ndarray>past_k
+        pva = <cnp.ndarray>past_v
+        cap = pka.shape[2]
+        if (D == 0 or D > MAXD or nq % nkv != 0 or nq // nkv > MAXG or pka.shape[0] != 1 or pka.shape[1] != nkv
+                or pka.shape[3] != D or pva.shape[0] != 1 or pva.shape[1] != nkv or pva.shape[2] != cap
+                or pva.shape[3] != D):
+            return self.fallback(q, k, v, past_k, past_v, seqlens_k, total_len, cos_cache, sin_cache)
+        cdef Py_ssize_t position = seqk if seqk > 0 else 0  # valid length seqlens_k + 1, one new token
+        if self.rotary:
+            if (not _f32_rows(cos_cache, 2) or not _f32_rows(sin_cache, 2)
+                    or not cnp.PyArray_IS_C_CONTIGUOUS(<cnp.ndarray>cos_cache)
+                    or not cnp.PyArray_IS_C_CONTIGUOUS(<cnp.ndarray>sin_cache)):
+                return self.fallback(q, k, v, past_k, past_v, seqlens_k, total_len, cos_cache, sin_cache)
+            half = (<cnp.ndarray>cos_cache).shape[1]
+            if (position >= (<cnp.ndarray>cos_cache).shape[0] or 2 * half > D
+                    or (<cnp.ndarray>sin_cache).shape[0] != (<cnp.ndarray>cos_cache).shape[0]
+                    or (<cnp.ndarray>sin_cache).shape[1] != half):
+                return self.fallback(q, k, v, past_k, past_v, seqlens_k, total_len, cos_cache, sin_cache)
+            cr = <const float*>cnp.PyArray_DATA(<cnp.ndarray>cos_cache) + position * half
+            sr = <const float*>cnp.PyArray_DATA(<cnp.ndarray>sin_cache) + position * half
+        record = None
+        if self.shared:
+            if position + 1 > cap:
+                raise CacheRangeError(f"{self.where}: new tokens at {[position]} + 1 exceed the buffer "
+                                      f"capacity {cap}")
+            if not cnp.PyArray_ISWRITEABLE(pka) or not cnp.PyArray_ISWRITEABLE(pva):
+                return self.fallback(q, k, v, past_k, past_v, seqlens_k, total_len, cos_cache, sin_cache)
+            record = self.floors(past_k, past_v, position, 1)
+            pk, pv = pka, pva
+        else:
+            plen = total if total > cap else cap
+            if position + 1 > plen or position > cap:
+                return self.fallback(q, k, v, past_k, past_v, seqlens_k, total_len, cos_cache, sin_cache)
+            dims[0] = 1
+            dims[1] = nkv
+            dims[2] = plen
+            dims[3] = D
+            pk = cnp.PyArray_EMPTY(4, dims, cnp.NPY_FLOAT32, 0)
+            pv = cnp.PyArray_EMPTY(4, dims, cnp.NPY_FLOAT32, 0)
+            _copy_prefix(pka, pk, position, plen)
+            _copy_prefix(pva, pv, position, plen)
+        dims[0] = 1
+        dims[1] = 1
+        dims[2] = nq * D
+        out = cnp.PyArray_EMPTY(3, dims, cnp.NPY_FLOAT32, 0)
+        _decode_step(qp, D * 4, kp, D * 4, vp, D * 4, <char*>cnp.PyArray_DATA(pk), cnp.PyArray_STRIDES(pk),
+                     <char*>cnp.PyArray_DATA(pv), cnp.PyArray_STRIDES(pv), position, nq, nkv, D, cr, sr, half,
+                     self.interleaved, self.scale, self.softcap, <float*>cnp.PyArray_DATA(out), self.threads)
+        if record is not None:
+            self.wrote(record, pk, pv, position + 1)
+        if self.n_out == 1:
+            return out
+        return (out, pk, pv)[:self.n_out]
+
+
+cdef void _copy_prefix(cnp.ndarray src, cnp.ndarray dst, Py_ssize_t rows, Py_ssize_t plen) noexcept:
+    """dst [1, H, plen, D] (C-contiguous) = src's first ``rows`` rows per head, zeros from
+    row ``rows + 1`` on (row ``rows`` is written next)."""
+    cdef Py_ssize_t H = dst.shape[1], D = dst.shape[3], h, t
+    cdef const char* sp = <const char*>cnp.PyArray_DATA(src)
+    cdef cnp.npy_intp* ss = cnp.PyArray_STRIDES(src)
+    cdef float* dp = <float*>cnp.PyArray_DATA(dst)
+    with nogil:
+        for h in range(H):
+            if ss[2] == D * 4:
+                memcpy(dp + h * plen * D, sp + h * ss[1], rows * D * 4)
+            else:
+                for t in range(rows):
+                    memcpy(dp + (h * plen + t) * D, sp + h * ss[1] + t * ss[2], D * 4)
+            if rows + 1 < plen:
+                memset(dp + (h * plen + rows + 1) * D, 0, (plen - rows - 1) * D * 4)
+
+
+cdef bint _inert_mask(object mask, Py_ssize_t T, Py_ssize_t Hq) noexcept:
+    """``mask`` (None, bool or float32) masks nothing for one query over ``T`` keys and
+    broadcasts to [1, Hq, 1, T]."""
+    if mask is None:
+        return True
+    if not cnp.PyArray_Check(mask):
+        return False
+    cdef cnp.ndarray m = <cnp.ndarray>mask
+    cdef int nd = cnp.PyArray_NDIM(m), t = cnp.PyArray_TYPE(m), i
+    cdef Py_ssize_t n = cnp.PyArray_SIZE(m), j
+    if nd < 1 or nd > 4 or m.shape[nd - 1] != T or not cnp.PyArray_IS_C_CONTIGUOUS(m):
+        return False
+    for i in range(nd - 1):  # axes (.., heads, query) from the right: 1 or the head count
+        if not (m.shape[i] == 1 or (i == nd - 3 and m.shape[i] == Hq)):
+            return False
+    cdef const char* bp = <const char*>cnp.PyArray_DATA(m)
+    cdef const float* fp = <const float*>cnp.PyArray_DATA(m)
+    if t == cnp.NPY_BOOL:
+        return memchr(bp, 0, n) == NULL
+    if t == cnp.NPY_FLOAT32:
+        for j in range(n):
+            if fp[j] != 0.0:
+                return False
+        return True
+    return False
+
+
+cdef class AttentionOneQuery:
+    """An ONNX Attention kernel's call for one query token of batch row 0 over 4-D keys and
+    values with grouped heads (a decode step: K and V may be views of a cache), no past
+    inputs, one output and a mask that masks nothing: the grouped-head kernel reads K and
+    V in place, with no Python in between. Other operands go to ``fallback``."""
+
+    cdef float scale
+    cdef int threads
+    cdef object fallback
+
+    def __init__(self, float scale, int threads, fallback):
+        self.scale = scale
+        self.threads = threads if threads > 0 else 1
+        self.fallback = fallback
+
+    def __call__(self, q, k, v, mask=None, past_k=None, past_v=None, nonpad=None):
+        cdef cnp.ndarray qa, ka, va, out
+        if (past_k is not None or past_v is not None or nonpad is not None or not _f32_rows(q, 4)
+                or not _f32_rows(k, 4) or not _f32_rows(v, 4)):
+            return self.fallback(q, k, v, mask, past_k, past_v, nonpad)
+        qa = <cnp.ndarray>q
+        ka = <cnp.ndarray>k
+        va = <cnp.ndarray>v
+        cdef Py_ssize_t Hq = qa.shape[1], D = qa.shape[3], Hkv = ka.shape[1], T = ka.shape[2]
+        if (qa.shape[0] != 1 or qa.shape[2] != 1 or ka.shape[0] != 1 or va.shape[0] != 1 or va.shape[1] != Hkv
+                or va.shape[2] != T or va.shape[3] != D or ka.shape[3] != D or T < 1 or D < 1 or D > MAXD
+                or Hkv < 1 or Hq % Hkv != 0 or Hq // Hkv > MAXG or not _inert_mask(mask, T, Hq)):
+            return self.fallback(q, k, v, mask, past_k, past_v, nonpad)
+        out = cnp.PyArray_EMPTY(4, cnp.PyArray_DIMS(qa), cnp.NPY_FLOAT32, 0)
+        cdef float scale = self.scale if self.scale > 0.0 else 1.0 / sqrtf(<float>D)
+        cdef int nt = _fit_threads(self.threads, Hkv, 4.0 * Hq * D * T)
+        with nogil:
+            _attend_one(<const char*>cnp.PyArray_DATA(qa), cnp.PyArray_STRIDES(qa)[1],
+                        <const char*>cnp.PyArray_DATA(ka), cnp.PyArray_STRIDES(ka),
+                        <const char*>cnp.PyArray_DATA(va), cnp.PyArray_STRIDES(va), T, Hq, Hkv, D, scale, 0.0,
+                        <float*>cnp.PyArray_DATA(out), nt)
+        return out

@@ -22,7 +22,7 @@ from cython.parallel cimport prange
 
 include "_common.pxi"
 
-__all__ = ["rotary"]
+__all__ = ["RotaryCall", "rotary"]
 
 
 def rotary(x, cos, sin, out, position_ids=None, start=None, bint interleaved=False,
@@ -133,3 +133,55 @@ def rotary(x, cos, sin, out, position_ids=None, start=None, bint interleaved=Fal
                 yr = <float*>(op + b * ost[0] + s * ost[1] + h * ost[2])
                 _rotate_head(xr, yr, cr, sr, half, D, interleaved)
     return out
+
+
+cdef class RotaryCall:
+    """An ONNX RotaryEmbedding kernel's call for a float32 [B, N, S, H] input with per-token
+    float32 cos / sin caches [B, S, R/2] (torch exports compute them in the graph) and no
+    position_ids: the rotation with no Python in between. Other operands go to
+    ``fallback(x, cos_cache, sin_cache, position_ids)``."""
+
+    cdef bint interleaved
+    cdef Py_ssize_t rot
+    cdef object fallback
+
+    def __init__(self, bint interleaved, Py_ssize_t rotary_dim, fallback):
+        self.interleaved = interleaved
+        self.rot = rotary_dim
+        self.fallback = fallback
+
+    def __call__(self, x, cos_cache, sin_cache, position_ids=None):
+        cdef cnp.ndarray xa, ca, sa, out
+        if (position_ids is not None or not cnp.PyArray_Check(x) or not cnp.PyArray_Check(cos_cache)
+                or not cnp.PyArray_Check(sin_cache)):
+            return self.fallback(x, cos_cache, sin_cache, position_ids)
+        xa = <cnp.ndarray>x
+        ca = <cnp.ndarray>cos_cache
+        sa = <cnp.ndarray>sin_cache
+        if (cnp.PyArray_NDIM(xa) != 4 or cnp.PyArray_TYPE(xa) != cnp.NPY_FLOAT32 or cnp.PyArray_NDIM(ca) != 3
+                or cnp.PyArray_TYPE(ca) != cnp.NPY_FLOAT32 or cnp.PyArray_TYPE(sa) != cnp.NPY_FLOAT32
+                or not cnp.PyArray_IS_C_CONTIGUOUS(ca) or not cnp.PyArray_IS_C_CONTIGUOUS(sa)
+                or not cnp.PyArray_SAMESHAPE(ca, sa)):
+            return self.fallback(x, cos_cache, sin_cache, position_ids)
+        cdef Py_ssize_t B = xa.shape[0], N = xa.shape[1], S = xa.shape[2], D = xa.shape[3]
+        cdef Py_ssize_t half = ca.shape[2]
+        cdef Py_ssize_t rot = self.rot if self.rot else D
+        if (ca.shape[0] != B or ca.shape[1] != S or 2 * half != rot or rot > D
+                or (cnp.PyArray_STRIDES(xa)[3] != 4 and cnp.PyArray_SIZE(xa) != 0)):
+            return self.fallback(x, cos_cache, sin_cache, position_ids)
+        out = cnp.PyArray_EMPTY(4, cnp.PyArray_DIMS(xa), cnp.NPY_FLOAT32, 0)
+        cdef const char* xp = <const char*>cnp.PyArray_DATA(xa)
+        cdef cnp.npy_intp* xst = cnp.PyArray_STRIDES(xa)
+        cdef float* op = <float*>cnp.PyArray_DATA(out)
+        cdef const float* cp = <const float*>cnp.PyArray_DATA(ca)
+        cdef const float* sp = <const float*>cnp.PyArray_DATA(sa)
+        cdef Py_ssize_t b, n, t
+        cdef bint il = self.interleaved
+        with nogil:
+            for b in range(B):
+                for n in range(N):
+                    for t in range(S):
+                        _rotate_head(<const float*>(xp + b * xst[0] + n * xst[1] + t * xst[2]),
+                                     op + ((b * N + n) * S + t) * D, cp + (b * S + t) * half,
+                                     sp + (b * S + t) * half, half, D, il)
+        return out

@@ -45,8 +45,13 @@ class RotaryEmbedding(Kernel):
         self.interleaved = bool(spec.int("interleaved", 0))
         self.num_heads = spec.int("num_heads", 0)
         self.rot = spec.int("rotary_embedding_dim", 0)
+        if fast.RotaryCall is not None:  # the compiled call for 4-D inputs with per-token caches
+            self.run = fast.RotaryCall(self.interleaved, self.rot, self._run)  # type: ignore[method-assign]
 
     def run(self, x, cos_cache, sin_cache, position_ids=None):
+        return self._run(x, cos_cache, sin_cache, position_ids)
+
+    def _run(self, x, cos_cache, sin_cache, position_ids=None):
         four = x.ndim == 4
         if four:  # [B, N, S, H] -> [B, S, N, H]
             xs = np.transpose(x, (0, 2, 1, 3))
@@ -177,8 +182,16 @@ class Attention(Kernel):
         self._total = np.zeros(1, dtype=np.int64)
         if self.left < -1 or self.right < -1:
             raise spec.fail(f"window sizes must be -1 or >= 0, got {self.left}, {self.right}")
+        if (fast.AttentionOneQuery is not None and not self.causal and self.softcap <= 0 and self.n_out == 1
+                and self.softmax_dtype is None and self.left < 0 and self.right < 0
+                and (self.scale is None or self.scale > 0)):  # the compiled call for a decode step
+            self.run = fast.AttentionOneQuery(  # type: ignore[method-assign]
+                float(self.scale or 0.0), spec.threads or 1, self._run)
 
     def run(self, q, k, v, mask=None, past_k=None, past_v=None, nonpad=None):
+        return self._run(q, k, v, mask, past_k, past_v, nonpad)
+
+    def _run(self, q, k, v, mask=None, past_k=None, past_v=None, nonpad=None):
         three = q.ndim == 3
         if three:
             b = q.shape[0]
@@ -353,6 +366,10 @@ class GroupQueryAttention(Kernel):
         from onnxforge.kernels_cy.session import current_lengths
 
         self._lengths = current_lengths
+        if self.one_row and fast.GqaOneToken is not None:  # the compiled call for a decode step
+            self.run = fast.GqaOneToken(  # type: ignore[method-assign]
+                self.nq, self.nkv, self.scale, self.softcap, self.rotary, self.interleaved, self.shared,
+                self.n_out, self.threads or 1, self._run, self._floors, self._wrote, self.spec_path)
 
     def _floors(self, past_k, past_v, p0: object, s: int) -> object:
         """Check the in-place write at rows ``p0`` (int or [B]) against the published lengths
@@ -385,6 +402,11 @@ class GroupQueryAttention(Kernel):
 
     def run(self, q, k=None, v=None, past_k=None, past_v=None, seqlens_k=None, total_len=None,
             cos_cache=None, sin_cache=None, position_ids=None, attention_bias=None, head_sink=None):
+        return self._run(q, k, v, past_k, past_v, seqlens_k, total_len, cos_cache, sin_cache, position_ids,
+                         attention_bias, head_sink)
+
+    def _run(self, q, k=None, v=None, past_k=None, past_v=None, seqlens_k=None, total_len=None,
+             cos_cache=None, sin_cache=None, position_ids=None, attention_bias=None, head_sink=None):
         b, s = q.shape[0], q.shape[1]
         nq, nkv = self.nq, self.nkv
         if k is None:  # packed QKV

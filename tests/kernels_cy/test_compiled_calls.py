@@ -213,3 +213,105 @@ def test_one_row_nbits_hands_other_forms_to_the_fallback():
     fb = _Fallback()
     assert OneRowNBits(K + 1, N, 32, 2, fb)(a, b, s) == "fallback"  # K not a multiple of 32
     assert OneRowNBits(K, N, 64, 2, fb)(a, b, s) == "fallback"      # another block size
+
+
+def _rotate64(x, cos, sin, rot, interleaved):
+    """float64 rotary embedding of x [B, N, S, D] with per-token cos / sin [B, S, rot / 2]."""
+    x = x.astype(np.float64)
+    c, s = cos[:, None].astype(np.float64), sin[:, None].astype(np.float64)
+    y = x.copy()
+    if interleaved:
+        a, b = x[..., 0:rot:2], x[..., 1:rot:2]
+        y[..., 0:rot:2], y[..., 1:rot:2] = a * c - b * s, a * s + b * c
+    else:
+        a, b = x[..., :rot // 2], x[..., rot // 2:rot]
+        y[..., :rot // 2], y[..., rot // 2:rot] = a * c - b * s, a * s + b * c
+    return y
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+@pytest.mark.parametrize("rot", [0, 8])
+@pytest.mark.parametrize("strided", [False, True])
+def test_rotary_call_matches_float64(interleaved, rot, strided):
+    # a [B, S, N, D] tensor transposed to [B, N, S, D] is read through its strides
+    from onnxforge.kernels_cy._rotary import RotaryCall
+
+    rng = np.random.default_rng(5)
+    B, N, S, D = 2, 3, 4, 16
+    x = rng.standard_normal((B, S, N, D), dtype=np.float32).transpose(0, 2, 1, 3) if strided else \
+        rng.standard_normal((B, N, S, D), dtype=np.float32)
+    r = rot or D
+    ang = rng.uniform(0, 6, (B, S, r // 2))
+    cos, sin = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+    fb = _Fallback()
+    y = RotaryCall(interleaved, rot, fb)(x, cos, sin)
+    assert fb.calls == 0 and y.shape == x.shape and y.flags.c_contiguous
+    np.testing.assert_allclose(y, _rotate64(x, cos, sin, r, interleaved), rtol=1e-6, atol=1e-6)
+
+
+def test_rotary_call_hands_other_forms_to_the_fallback():
+    from onnxforge.kernels_cy._rotary import RotaryCall
+
+    x = np.zeros((1, 2, 3, 8), np.float32)
+    c3 = np.zeros((1, 3, 4), np.float32)
+    fb = _Fallback()
+    call = RotaryCall(False, 0, fb)
+    assert call(x, c3, c3, np.zeros((1, 3), np.int64)) == "fallback"      # position ids
+    assert call(x, np.zeros((16, 4), np.float32), np.zeros((16, 4), np.float32)) == "fallback"  # 2-D caches
+    assert call(x.astype(np.float64), c3, c3) == "fallback"
+    assert call(x.reshape(1, 3, 16), c3, c3) == "fallback"               # 3-D input
+    assert call(x, np.zeros((1, 3, 3), np.float32), np.zeros((1, 3, 3), np.float32)) == "fallback"  # 6 != 8
+    assert call(x, np.zeros((2, 3, 4), np.float32), np.zeros((2, 3, 4), np.float32)) == "fallback"  # batch 2
+    assert fb.calls == 6
+
+
+def _attention64(q, k, v, scale):
+    g = q.shape[1] // k.shape[1]
+    k64 = np.repeat(k.astype(np.float64), g, axis=1)
+    v64 = np.repeat(v.astype(np.float64), g, axis=1)
+    s = q.astype(np.float64) @ np.swapaxes(k64, 2, 3) * scale
+    p = np.exp(s - s.max(-1, keepdims=True))
+    return (p / p.sum(-1, keepdims=True)) @ v64
+
+
+@pytest.mark.parametrize("hq, hkv", [(4, 4), (8, 2), (6, 1)])
+@pytest.mark.parametrize("mask", [None, "bool", "float", "bool_heads"])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_attention_one_query_matches_float64_over_cache_views(hq, hkv, mask, threads):
+    # K and V are the valid prefix of capacity-sized caches (strided views), as the stateful
+    # torch decoders pass them; a mask that masks nothing is the exporter's all-true mask
+    from onnxforge.kernels_cy._attention import AttentionOneQuery
+
+    rng = np.random.default_rng(hq * 10 + hkv)
+    D, T, cap = 32, 37, 64
+    q = rng.standard_normal((1, hq, 1, D), dtype=np.float32)
+    kc = rng.standard_normal((1, hkv, cap, D), dtype=np.float32)
+    vc = rng.standard_normal((1, hkv, cap, D), dtype=np.float32)
+    m = {None: None, "bool": np.ones((1, 1, 1, T), bool), "float": np.zeros((1, 1, 1, T), np.float32),
+         "bool_heads": np.ones((1, hq, 1, T), bool)}[mask]
+    fb = _Fallback()
+    y = AttentionOneQuery(0.2, threads, fb)(q, kc[:, :, :T], vc[:, :, :T], m)
+    assert fb.calls == 0 and y.shape == (1, hq, 1, D)
+    np.testing.assert_allclose(y, _attention64(q, kc[:, :, :T], vc[:, :, :T], 0.2), rtol=1e-5, atol=1e-5)
+    y = AttentionOneQuery(0.0, threads, fb)(q, kc[:, :, :T], vc[:, :, :T], m)  # default scale 1/sqrt(D)
+    np.testing.assert_allclose(y, _attention64(q, kc[:, :, :T], vc[:, :, :T], D ** -0.5), rtol=1e-5, atol=1e-5)
+
+
+def test_attention_one_query_hands_masking_masks_and_other_forms_to_the_fallback():
+    from onnxforge.kernels_cy._attention import AttentionOneQuery
+
+    q = np.zeros((1, 4, 1, 8), np.float32)
+    k = np.zeros((1, 2, 5, 8), np.float32)
+    some = np.ones((1, 1, 1, 5), bool)
+    some[..., 3] = False
+    fb = _Fallback()
+    call = AttentionOneQuery(0.0, 2, fb)
+    assert call(q, k, k, some) == "fallback"                                  # masks a key
+    assert call(q, k, k, np.full((1, 1, 1, 5), -1.0, np.float32)) == "fallback"  # a float bias
+    assert call(q, k, k, np.ones((1, 1, 2, 5), bool)) == "fallback"           # two query rows
+    assert call(q, k, k, np.ones((1, 1, 1, 6), bool)) == "fallback"           # wrong length
+    assert call(q, k, k, None, k, k) == "fallback"                           # past inputs
+    assert call(np.zeros((1, 4, 2, 8), np.float32), k, k) == "fallback"      # two query tokens
+    assert call(np.zeros((1, 3, 1, 8), np.float32), k, k) == "fallback"      # 3 heads over 2
+    assert call(q.reshape(1, 1, 32), k, k) == "fallback"                     # 3-D
+    assert fb.calls == 8

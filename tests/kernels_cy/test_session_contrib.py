@@ -155,3 +155,82 @@ def test_kernels_on_odd_and_empty_shapes_match_float64(shape):
     np.testing.assert_allclose(sg, 1 / (1 + np.exp(-x64)), atol=1e-6)
     if x.size:
         np.testing.assert_allclose(mean, x64.mean(axis=tuple(range(x.ndim)), keepdims=True), atol=1e-6)
+
+
+def _packed_gqa_model(nq, nkv, h, rotary, interleaved=0):
+    node = helper.make_node(
+        "GroupQueryAttention", ["qkv", "", "", "pk", "pv", "seqlens_k", "total", "cos", "sin"],
+        ["y", "present_k", "present_v"], domain="com.microsoft", num_heads=nq, kv_num_heads=nkv,
+        do_rotary=rotary, rotary_interleaved=interleaved)
+    ins = [tensor("qkv", F, ["b", "s", (nq + 2 * nkv) * h]), tensor("pk", F, ["b", nkv, "p", h]),
+           tensor("pv", F, ["b", nkv, "p", h]), tensor("seqlens_k", I32, ["b"]), tensor("total", I32, []),
+           tensor("cos", F, [32, h // 2]), tensor("sin", F, [32, h // 2])]
+    outs = [tensor("y", F, None), tensor("present_k", F, None), tensor("present_v", F, None)]
+    return onnx_model([node], ins, outs, opset=21, domains=MS)
+
+
+@pytest.fixture
+def general_path_calls(monkeypatch):
+    """Counts the calls that reach GroupQueryAttention's general (Python) path."""
+    from onnxforge.kernels_cy.ops.attention import GroupQueryAttention
+
+    calls = []
+    general = GroupQueryAttention._run
+
+    def counted(self, *args, **kwargs):
+        calls.append(args[0].shape)
+        return general(self, *args, **kwargs)
+
+    monkeypatch.setattr(GroupQueryAttention, "_run", counted)
+    return calls
+
+
+@pytest.mark.parametrize("p, cap", [(0, 0), (5, 5), (3, 9)])
+@pytest.mark.parametrize("rotary, interleaved, packed", [(0, 0, False), (1, 0, False), (0, 0, True), (1, 0, True),
+                                                         (1, 1, True)])
+def test_group_query_attention_decode_step_compiled_call_matches_onnxruntime(p, cap, rotary, interleaved, packed,
+                                                                            general_path_calls):
+    # one token of batch row 0 takes the compiled call; a past buffer longer than the valid
+    # length (cap > p) gives a present of the buffer's length, as onnxruntime makes it
+    nq, nkv, h = 4, 2, 16
+    rng = np.random.default_rng(p * 7 + cap + rotary * 3 + interleaved + packed * 11)
+    feeds = _gqa_feeds(rng, 1, 1, cap, nq, nkv, h)
+    feeds["seqlens_k"] = np.array([p], np.int32)
+    feeds["total"] = np.array(p + 1, np.int32)
+    if packed:
+        feeds["qkv"] = np.concatenate([feeds.pop("q"), feeds.pop("k"), feeds.pop("v")], axis=-1)
+        model = _packed_gqa_model(nq, nkv, h, rotary, interleaved)
+    else:
+        model = _gqa_model(nq, nkv, h, rotary)
+    _both(model, feeds, atol=1e-5)
+    assert general_path_calls == []
+
+
+def test_group_query_attention_decode_step_in_place_and_its_errors(general_path_calls):
+    # shared buffers: the compiled call writes row p in place and returns the buffers; a
+    # position past the capacity is a CacheRangeError with nothing written
+    nq, nkv, h, cap, p = 4, 2, 16, 8, 5
+    rng = np.random.default_rng(3)
+    plain = _gqa_model(nq, nkv, h, 1)
+    shared = serde.from_proto(plain)
+    next(iter(shared.graph)).output_alias = [Alias(1, 3), Alias(2, 4)]
+    feeds = _gqa_feeds(rng, 1, 1, p, nq, nkv, h)
+    want = ort.InferenceSession(plain.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    buf_k = np.zeros((1, nkv, cap, h), np.float32)
+    buf_v = np.zeros((1, nkv, cap, h), np.float32)
+    buf_k[:, :, :p], buf_v[:, :, :p] = feeds["pk"], feeds["pv"]
+    sess = InferenceSession(shared)
+    y, pk, pv = sess.run(None, feeds | {"pk": buf_k, "pv": buf_v})
+    assert pk is buf_k and pv is buf_v and general_path_calls == []
+    np.testing.assert_allclose(y, want[0], atol=1e-5)
+    np.testing.assert_allclose(buf_k[:, :, :p + 1], want[1], atol=1e-5)
+    np.testing.assert_allclose(buf_v[:, :, :p + 1], want[2], atol=1e-6)
+    assert not buf_k[:, :, p + 1:].any() and not buf_v[:, :, p + 1:].any()
+    before = (buf_k.copy(), buf_v.copy())
+    from onnxforge.kernels_cy.errors import CacheRangeError
+
+    with pytest.raises(CacheRangeError, match="capacity 8"):
+        sess.run(None, feeds | {"pk": buf_k, "pv": buf_v, "seqlens_k": np.array([cap], np.int32),
+                                "total": np.array(cap + 1, np.int32)})
+    np.testing.assert_array_equal(buf_k, before[0])
+    np.testing.assert_array_equal(buf_v, before[1])
