@@ -140,16 +140,18 @@ def to_standard_onnx(model: Any, *, target_opset: int | None = None, keep_domain
     return _export(model, target_opset=target_opset, keep_domains=keep_domains, lower=lower)
 
 
-def optimize(model: Any, passes: Any = None, *, debug: bool = False):
+def optimize(model: Any, passes: Any = None, *, debug: bool = False, opset: int | None = None):
     """Run the default pass pipeline (or ``passes``: names or Pass objects) and return the
     IR model; nothing the model declares (struct types, encoded initializers, bindings,
-    aliases) is dropped. ``debug`` checks every invariant between passes.
+    aliases) is dropped. ``debug`` checks every invariant between passes. ``opset=23``
+    lets the pipeline raise an older model's default-domain opset to 23 to fuse
+    decomposed attention and RMS norms into ``Attention`` / ``RMSNormalization``.
 
     ``model`` is verified first: one that breaks a static rule raises
     :class:`onnxforge.VerificationError` and is never rewritten."""
     from onnxforge.passes.pipeline import optimize as _optimize
 
-    return _optimize(load_verified(model), passes=passes, debug=debug)
+    return _optimize(load_verified(model), passes=passes, debug=debug, opset=opset)
 
 
 def infer_shapes(model: Any, *, strict: bool = False):

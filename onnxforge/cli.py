@@ -4,10 +4,11 @@
                                                   initializer bytes, catalogue, encoded values,
                                                   bindings and aliases (--values: every value's type)
     onnxforge verify MODEL [--json]               static rules; exit 1 on any violation
-    onnxforge optimize MODEL -o OUT [--passes a,b] [--debug] [--json]
+    onnxforge optimize MODEL -o OUT [--passes a,b] [--opset 23] [--debug] [--json]
                                                   verify, then the default pipeline (or the named
                                                   passes), with a report: nodes, initializers,
-                                                  bytes, time per pass
+                                                  bytes, time per pass (--opset 23: fuse into
+                                                  the opset-23 Attention / RMSNormalization)
     onnxforge export MODEL -o DIR [--json]        verify, then standard ONNX + feedback.json
                                                   (+ genai_config.json)
     onnxforge run MODEL [--inputs FILE.npz] [-o OUT.npz] [--threads N] [--json]
@@ -206,11 +207,11 @@ def _cmd_optimize(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from onnxforge.api import save
-    from onnxforge.passes.pipeline import DEFAULT_PIPELINE, default_pass_manager
+    from onnxforge.passes.pipeline import default_pass_manager, pipeline_for_opset
 
     output = _output_file(args.output)
-    names = _pass_names(args.passes)
-    names = list(DEFAULT_PIPELINE) if names is None else names
+    given = _pass_names(args.passes)
+    names: list[Any] = pipeline_for_opset(args.opset) if given is None else list(given)
     bar = None
 
     def progress(record) -> None:
@@ -509,6 +510,9 @@ def build_parser() -> argparse.ArgumentParser:
     opt.add_argument("-o", "--output", required=True, help="output model path")
     opt.add_argument("--passes", help="comma-separated pass names (default: the default pipeline)")
     opt.add_argument("--debug", action="store_true", help="check invariants after every pass")
+    opt.add_argument("--opset", type=int, default=None,
+                     help="newest default-domain opset the result may import: 23 fuses an older model's "
+                          "decomposed attention and RMS norms into Attention / RMSNormalization")
     opt.add_argument("--json", action="store_true", help="print the report as JSON")
     opt.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     opt.set_defaults(func=_cmd_optimize)

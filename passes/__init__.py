@@ -101,9 +101,13 @@ from onnxforge.passes.fusion import (
     fuse,
     merge_complementary_slices,
 )
+from onnxforge.passes.opset23 import OPSET23_RULES, Opset23FusionPass, fuse_to_opset23
 
 __all__ = [
     "ALL",
+    "OPSET23_RULES",
+    "Opset23FusionPass",
+    "fuse_to_opset23",
     "AliasAnalysis",
     "AliasAnalysisPass",
     "AliasRoots",

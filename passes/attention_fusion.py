@@ -67,6 +67,7 @@ __all__ = [
     "SEMANTIC_CHANGES",
     "AttentionFusionError",
     "fuse_attention",
+    "opset_problem",
 ]
 
 ATTENTION_OPSET = 23
@@ -238,7 +239,7 @@ REPEAT_KV_RULES = RuleTable([
 """``Attention`` over repeated KV heads reads the grouped heads directly (module docstring)."""
 
 
-def _opset_problem(model: Model) -> str | None:
+def opset_problem(model: Model) -> str | None:
     """Why the default-domain opset cannot be raised to 23 without changing a meaning, or None."""
     current = model.opset_imports.get("", model.opset_imports.get("ai.onnx"))
     if current is None or current >= ATTENTION_OPSET:
@@ -280,7 +281,7 @@ def fuse_attention(model: Model) -> int:
     """
     if not any(n.op_type == "Softmax" for g in model.all_graphs() for n in g):
         return 0
-    problem = _opset_problem(model)
+    problem = opset_problem(model)
     declined: list[str] = []
 
     def fuse(m: Match) -> Value | None:

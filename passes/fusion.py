@@ -228,9 +228,15 @@ FUSION_RULES: RuleTable = RuleTable([*_conv_rules(), *_gemm_rules(), *REPEAT_KV_
 
 
 def fuse(model: Model, shapes: ShapesContext | LazyShapes | None = None) -> int:
-    """Apply :data:`FUSION_RULES` to a fixed point; new weights become initializers.
-    Returns the number of fusions."""
-    return apply_rules(model, FUSION_RULES, shapes=shapes, lift=True)
+    """Apply :data:`FUSION_RULES` to a fixed point (and, in a model importing opset 23 or
+    newer, :data:`~onnxforge.passes.opset23.ROTARY_RULES`); new weights become
+    initializers. Returns the number of fusions."""
+    from onnxforge.passes.opset23 import ROTARY_RULES
+
+    table = FUSION_RULES
+    if (imported_version(model.opset_imports, "") or 0) >= 23:
+        table = table + ROTARY_RULES
+    return apply_rules(model, table, shapes=shapes, lift=True)
 
 
 @register_pass

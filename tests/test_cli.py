@@ -145,6 +145,32 @@ def test_optimize_reports_and_preserves_declarations(tmp_path, capsys):
     assert sum(1 for n in m.graph if n.op_type == "CacheUpdate") == 4
 
 
+def test_optimize_opset_23_fuses_an_opset_20_export(tmp_path, capsys, decoder_models):
+    # the opset-20 torch export's decomposed attention and RMS norms become the opset-23
+    # operators; without --opset the file keeps its opset; a refused raise is a clean error
+    import onnxforge as of
+
+    out = tmp_path / "o23.onnx"
+    assert main(["optimize", str(decoder_models["torch20"]), "-o", str(out), "--opset", "23", "--json", "-q"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert "opset23_fusion" in [p["name"] for p in report["passes"]]
+    m = of.load(str(out))
+    assert m.opset_imports[""] == 23 and sum(n.op_type == "Attention" for n in m.graph) == 4
+    assert main(["optimize", str(decoder_models["torch20"]), "-o", str(tmp_path / "o20.onnx"), "-q"]) == 0
+    assert of.load(str(tmp_path / "o20.onnx")).opset_imports[""] == 20
+    g = of.GraphBuilder(opset=13)
+    x = g.input("x", TensorProto.FLOAT, [2, 8])
+    r = g.op.Reciprocal(g.op.Sqrt(g.op.Add(g.op.ReduceMean(g.op.Pow(x, g.initializer("two", np.array(2.0, np.float32))),
+                                                           axes=[-1]), g.initializer("eps", np.array(1e-5, np.float32)))))
+    g.output(g.op.Mul(x, r), "y")
+    src = tmp_path / "m13.onnx"
+    of.save(g.to_model(), str(src))
+    capsys.readouterr()
+    assert main(["optimize", str(src), "-o", str(tmp_path / "m23.onnx"), "--opset", "23", "-q"]) != 0
+    err = capsys.readouterr().err
+    assert "ReduceMean" in err and "Traceback" not in err
+
+
 def test_optimize_unknown_pass_is_a_clean_error(tmp_path, capsys):
     assert main(["optimize", "builtin:decoder", "-o", str(tmp_path / "o.onnx"),
                  "--passes", "nonsense"]) == 2
