@@ -37,6 +37,7 @@ cdef enum:
     MAXG = 16      # query heads of one group handled in one pass
     BLK = 64       # keys per block of the online softmax
     MAXD = 256     # largest supported head_dim
+    SPLIT_KEYS = 512   # keys per task of a one-token attention split along the keys
 
 MAX_HEAD_DIM = MAXD
 
@@ -44,7 +45,10 @@ MAX_HEAD_DIM = MAXD
 cdef void _attend_group(const float* q0, Py_ssize_t qhs, Py_ssize_t G,
                         const float* kb, Py_ssize_t ks, const float* vb, Py_ssize_t vs,
                         Py_ssize_t lo, Py_ssize_t hi, Py_ssize_t D, float scale, float softcap,
-                        float* o0, Py_ssize_t ohs) noexcept nogil:
+                        float* o0, Py_ssize_t ohs, float* part=NULL) noexcept nogil:
+    """G query heads over keys [lo, hi): the normalized output rows ``o0`` (``ohs`` floats
+    apart), or with ``part`` the softmax state of this key range, ``D + 2`` floats per head
+    (running max, denominator, unnormalized output) for :func:`_merge_parts`."""
     cdef float sc[MAXG][BLK]
     cdef float acc[MAXG][MAXD]
     cdef float mx[MAXG]
@@ -91,6 +95,13 @@ cdef void _attend_group(const float* q0, Py_ssize_t qhs, Py_ssize_t G,
             den[g] = den[g] + of_expsum(&sc[g][0], mx[g], nb)
         of_pv(&acc[0][0], MAXD, G, &sc[0][0], BLK, vb + j0 * vs, vs, nb, D)
         j0 = j0 + nb
+    if part != NULL:
+        for g in range(G):
+            part[g * (D + 2)] = mx[g]
+            part[g * (D + 2) + 1] = den[g]
+            for d in range(D):
+                part[g * (D + 2) + 2 + d] = acc[g][d]
+        return
     for g in range(G):
         if hi > lo:
             inv = 1.0 / den[g]
@@ -255,7 +266,7 @@ cdef int _decode_step(const char* qp, cnp.npy_intp qhs, const char* kp, cnp.npy_
     cdef Py_ssize_t h, i
     cdef const float* src
     cdef float* dst
-    nt = _fit_threads(nt, Hkv, 4.0 * Hq * D * (position + 1))
+    nt = _fit_threads(nt, Hkv * ((position + SPLIT_KEYS) // SPLIT_KEYS), 4.0 * Hq * D * (position + 1))
     try:
         with nogil:
             for h in range(Hq):
@@ -284,11 +295,98 @@ cdef int _decode_step(const char* qp, cnp.npy_intp qhs, const char* kp, cnp.npy_
     return 0
 
 
+ctypedef struct _SplitJob:
+    const char* qp
+    Py_ssize_t qhs
+    const char* kp
+    const char* vp
+    cnp.npy_intp* kst
+    cnp.npy_intp* vst
+    Py_ssize_t total
+    Py_ssize_t chunk
+    Py_ssize_t nchunks
+    Py_ssize_t grp
+    Py_ssize_t D
+    float scale
+    float softcap
+    float* parts
+
+
+cdef void _split_item(void* ctx, long item) noexcept nogil:
+    """Keys ``[c * chunk, (c + 1) * chunk)`` of KV head ``g`` for one query token, item
+    ``g * nchunks + c``: the softmax state of each query head of the group."""
+    cdef _SplitJob* j = <_SplitJob*>ctx
+    cdef Py_ssize_t g = item // j.nchunks, c = item % j.nchunks
+    cdef Py_ssize_t lo = c * j.chunk, hi = lo + j.chunk
+    if hi > j.total:
+        hi = j.total
+    _attend_group(<const float*>(j.qp + g * j.grp * j.qhs), j.qhs // 4, j.grp,
+                  <const float*>(j.kp + g * j.kst[1]), j.kst[2] // 4, <const float*>(j.vp + g * j.vst[1]),
+                  j.vst[2] // 4, lo, hi, j.D, j.scale, j.softcap, NULL, 0,
+                  j.parts + item * j.grp * (j.D + 2))
+
+
+cdef void _merge_parts(const float* parts, Py_ssize_t Hkv, Py_ssize_t nchunks, Py_ssize_t grp, Py_ssize_t D,
+                       float* out) noexcept nogil:
+    """out[h] = sum_c e^(m_c - M) acc_c / sum_c e^(m_c - M) den_c over the key chunks ``c`` of
+    query head ``h`` (M the largest running max); zeros for a head that saw no key."""
+    cdef Py_ssize_t g, i, c, d, w = D + 2
+    cdef const float* p
+    cdef float M, f, den
+    cdef float* o
+    for g in range(Hkv):
+        for i in range(grp):
+            M = -INFINITY
+            for c in range(nchunks):
+                p = parts + ((g * nchunks + c) * grp + i) * w
+                if p[0] > M:
+                    M = p[0]
+            o = out + (g * grp + i) * D
+            for d in range(D):
+                o[d] = 0.0
+            if M == -INFINITY:
+                continue
+            den = 0.0
+            for c in range(nchunks):
+                p = parts + ((g * nchunks + c) * grp + i) * w
+                if p[0] == -INFINITY:
+                    continue
+                f = expf(p[0] - M)
+                den = den + f * p[1]
+                of_axpy(o, f, p + 2, D)
+            of_scal(o, 1.0 / den, D)
+
+
 cdef void _attend_one(const char* qp, cnp.npy_intp qhs, const char* kcp, cnp.npy_intp* kcs, const char* vcp,
                       cnp.npy_intp* vcs, int64_t total, Py_ssize_t Hq, Py_ssize_t Hkv, Py_ssize_t D, float scale,
                       float softcap, float* outp, int nt) noexcept nogil:
     """One query token (heads ``qhs`` bytes apart) attends to keys ``[0, total)`` of caches
-    [1, Hkv, L, D] given by strides; ``out`` C-contiguous [Hq, D]."""
+    [1, Hkv, L, D] given by strides; ``out`` C-contiguous [Hq, D]. From ``2 * SPLIT_KEYS``
+    keys on, each KV head's keys are split into tasks of ``SPLIT_KEYS`` whose softmax
+    states are merged afterwards, so that every thread of the pool shares the cache reads
+    whatever the head count, and a thread that runs late holds up one chunk, not a head."""
+    cdef _SplitJob sj
+    cdef Py_ssize_t nchunks = (total + SPLIT_KEYS - 1) // SPLIT_KEYS
+    if total >= 2 * SPLIT_KEYS and Hq // Hkv <= MAXG:
+        sj.parts = <float*>malloc(Hkv * nchunks * (Hq // Hkv) * (D + 2) * sizeof(float))
+        if sj.parts != NULL:
+            sj.qp = qp
+            sj.qhs = qhs
+            sj.kp = kcp
+            sj.vp = vcp
+            sj.kst = kcs
+            sj.vst = vcs
+            sj.total = total
+            sj.chunk = SPLIT_KEYS
+            sj.nchunks = nchunks
+            sj.grp = Hq // Hkv
+            sj.D = D
+            sj.scale = scale
+            sj.softcap = softcap
+            of_pool_parallel_for(Hkv * nchunks, _split_item, &sj, nt)
+            _merge_parts(sj.parts, Hkv, nchunks, Hq // Hkv, D, outp)
+            free(sj.parts)
+            return
     cdef int64_t start = total - 1
     cdef cnp.npy_intp qst[3]
     cdef cnp.npy_intp ost[3]
@@ -599,7 +697,7 @@ cdef class AttentionOneQuery:
             return self.fallback(q, k, v, mask, past_k, past_v, nonpad)
         out = cnp.PyArray_EMPTY(4, cnp.PyArray_DIMS(qa), cnp.NPY_FLOAT32, 0)
         cdef float scale = self.scale if self.scale > 0.0 else 1.0 / sqrtf(<float>D)
-        cdef int nt = _fit_threads(self.threads, Hkv, 4.0 * Hq * D * T)
+        cdef int nt = _fit_threads(self.threads, Hkv * ((T + SPLIT_KEYS - 1) // SPLIT_KEYS), 4.0 * Hq * D * T)
         with nogil:
             _attend_one(<const char*>cnp.PyArray_DATA(qa), cnp.PyArray_STRIDES(qa)[1],
                         <const char*>cnp.PyArray_DATA(ka), cnp.PyArray_STRIDES(ka),

@@ -277,13 +277,14 @@ def _attention64(q, k, v, scale):
 @pytest.mark.parametrize("hq, hkv", [(4, 4), (8, 2), (6, 1)])
 @pytest.mark.parametrize("mask", [None, "bool", "float", "bool_heads"])
 @pytest.mark.parametrize("threads", [1, 2])
-def test_attention_one_query_matches_float64_over_cache_views(hq, hkv, mask, threads):
+@pytest.mark.parametrize("T", [37, 1024, 1537])  # from 1024 keys on, chunks of 512 are merged
+def test_attention_one_query_matches_float64_over_cache_views(hq, hkv, mask, threads, T):
     # K and V are the valid prefix of capacity-sized caches (strided views), as the stateful
     # torch decoders pass them; a mask that masks nothing is the exporter's all-true mask
     from onnxforge.kernels_cy._attention import AttentionOneQuery
 
     rng = np.random.default_rng(hq * 10 + hkv)
-    D, T, cap = 32, 37, 64
+    D, cap = 32, T + 27
     q = rng.standard_normal((1, hq, 1, D), dtype=np.float32)
     kc = rng.standard_normal((1, hkv, cap, D), dtype=np.float32)
     vc = rng.standard_normal((1, hkv, cap, D), dtype=np.float32)

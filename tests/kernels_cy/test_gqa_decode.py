@@ -27,7 +27,8 @@ def _ort(q, k, v, past_k, past_v, pos, Hq, Hkv, cos, sin, interleaved, **attrs):
 
 
 @pytest.mark.parametrize("rotary_mode", [None, "halves", "interleaved"])
-@pytest.mark.parametrize("Hq,Hkv,D,pos", [(4, 2, 32, 0), (8, 4, 64, 37), (6, 1, 16, 5), (34, 2, 16, 9)])
+@pytest.mark.parametrize("Hq,Hkv,D,pos", [(4, 2, 32, 0), (8, 4, 64, 37), (6, 1, 16, 5), (34, 2, 16, 9),
+                                          (8, 4, 64, 1023), (6, 1, 32, 1536), (4, 2, 32, 2100)])
 @pytest.mark.parametrize("threads", [1, 2])
 def test_matches_onnxruntime(rotary_mode, Hq, Hkv, D, pos, threads):
     rng = np.random.default_rng(Hq * 100 + D + pos)
@@ -36,7 +37,7 @@ def test_matches_onnxruntime(rotary_mode, Hq, Hkv, D, pos, threads):
     kc, vc = _rand(rng, 1, Hkv, cap, D), _rand(rng, 1, Hkv, cap, D)
     cos = sin = None
     if rotary_mode:
-        angles = rng.uniform(0, 6.3, size=(64, D // 2)).astype(np.float32)
+        angles = rng.uniform(0, 6.3, size=(pos + 64, D // 2)).astype(np.float32)
         cos, sin = np.cos(angles), np.sin(angles)
     expect, present_k, present_v = _ort(q, k, v, kc[:, :, :pos].copy(), vc[:, :, :pos].copy(), pos, Hq, Hkv,
                                         cos, sin, rotary_mode == "interleaved")
@@ -50,15 +51,16 @@ def test_matches_onnxruntime(rotary_mode, Hq, Hkv, D, pos, threads):
     np.testing.assert_array_equal(kc[:, :, pos + 1:], tail)  # nothing past the new row
 
 
-def test_partial_rotary_softcap_and_strided_inputs_match_float64():
+@pytest.mark.parametrize("pos", [12, 1500])  # 1501 keys: split into chunks of 512 and merged
+def test_partial_rotary_softcap_and_strided_inputs_match_float64(pos):
     rng = np.random.default_rng(11)
-    Hq, Hkv, D, pos, cap = 8, 2, 32, 12, 20
+    Hq, Hkv, D, cap = 8, 2, 32, pos + 8
     packed = _rand(rng, 1, 1, (Hq + 2 * Hkv) * D)  # packed QKV: strided head views
     q = packed[:, :, :Hq * D].reshape(1, 1, Hq, D)
     k = packed[:, :, Hq * D:(Hq + Hkv) * D].reshape(1, 1, Hkv, D)
     v = packed[:, :, (Hq + Hkv) * D:].reshape(1, 1, Hkv, D)
     kc, vc = _rand(rng, 1, Hkv, cap, D), _rand(rng, 1, Hkv, cap, D)
-    angles = rng.uniform(0, 6.3, size=(32, 8)).astype(np.float32)  # rotary dim 16 of 32
+    angles = rng.uniform(0, 6.3, size=(pos + 20, 8)).astype(np.float32)  # rotary dim 16 of 32
     cos, sin = np.cos(angles), np.sin(angles)
     kc0, vc0 = kc.copy(), vc.copy()
     out = np.empty((1, 1, Hq, D), np.float32)
