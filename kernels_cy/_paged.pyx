@@ -54,9 +54,22 @@ cdef extern from "_paged_simd.h" nogil:
                     float* mx, float* den)
     int pg_init()
     int pg_fast()
+    int pg_level()
+    void pg_set_use512(int on)
     void __builtin_prefetch(const void* p, int rw, int locality)
 
 pg_init()
+
+def _vector_level() -> int:
+    """The code kernels of int8 / int4 pages in use: 0 portable, 1 AVX2, 2 AVX-512."""
+    return pg_level()
+
+
+def _allow_avx512(bint on) -> None:
+    """Let the code kernels use their AVX-512 versions where the CPU has them (``on``), or
+    keep to AVX2 (tests compare the paths)."""
+    pg_set_use512(on)
+
 
 cdef enum:
     F32 = 0

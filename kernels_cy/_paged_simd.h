@@ -529,24 +529,260 @@ static PG_TARGET void pg_softmax_avx2(ptrdiff_t G, ptrdiff_t nv, float* sc, ptrd
     }
 }
 
+/* ---- AVX-512F versions (16 lanes; eight keys per score step) ------------------- */
+
+#define PG_TARGET512 __attribute__((target("avx512f,avx2,fma,f16c")))
+#define PG_INLINE512 static inline __attribute__((always_inline)) PG_TARGET512
+
+/* lane r of the result is the sum of the sixteen lanes of a[r] */
+PG_INLINE512 __m256 pg_hsum8x16(const __m512* a) {
+    __m256 h[8];
+    int r;
+    for (r = 0; r < 8; ++r)
+        h[r] = _mm256_add_ps(_mm512_castps512_ps256(a[r]),
+                             _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a[r]), 1)));
+    return of_hsum8x8(h);
+}
+
+PG_INLINE512 __m512 pg_ld16(const uint8_t* c) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)c)));
+}
+
+PG_INLINE512 void pg_qk_i8_heads512(const float* q0, const float* q1, int NH, const uint8_t* rows,
+                                    ptrdiff_t nv, ptrdiff_t D, float scale, float* s0, float* s1) {
+    const ptrdiff_t rs = 4 + D;
+    ptrdiff_t j = 0, i;
+    int r;
+    for (; j + 8 <= nv; j += 8) {
+        const uint8_t* c = rows + j * rs + 4;
+        __m512 a[8], b[8];
+        float sv[8];
+        for (r = 0; r < 8; ++r) a[r] = b[r] = _mm512_setzero_ps();
+        for (i = 0; i < D; i += 16) {
+            __m512 qa = _mm512_loadu_ps(q0 + i), qb = _mm512_loadu_ps(q1 + i);
+            for (r = 0; r < 8; ++r) {
+                __m512 x = pg_ld16(c + r * rs + i);
+                a[r] = _mm512_fmadd_ps(qa, x, a[r]);
+                if (NH == 2) b[r] = _mm512_fmadd_ps(qb, x, b[r]);
+            }
+        }
+        for (r = 0; r < 8; ++r) sv[r] = pg_ldf(c + r * rs - 4) * scale;
+        __m256 vs = _mm256_loadu_ps(sv);
+        _mm256_storeu_ps(s0 + j, _mm256_mul_ps(pg_hsum8x16(a), vs));
+        if (NH == 2) _mm256_storeu_ps(s1 + j, _mm256_mul_ps(pg_hsum8x16(b), vs));
+    }
+    for (; j < nv; ++j) {
+        const uint8_t* c = rows + j * rs + 4;
+        __m512 a = _mm512_setzero_ps(), b = a;
+        for (i = 0; i < D; i += 16) {
+            __m512 x = pg_ld16(c + i);
+            a = _mm512_fmadd_ps(_mm512_loadu_ps(q0 + i), x, a);
+            if (NH == 2) b = _mm512_fmadd_ps(_mm512_loadu_ps(q1 + i), x, b);
+        }
+        float s = pg_ldf(c - 4) * scale;
+        s0[j] = _mm512_reduce_add_ps(a) * s;
+        if (NH == 2) s1[j] = _mm512_reduce_add_ps(b) * s;
+    }
+}
+
+static PG_TARGET512 void pg_qk_i8_avx512(const float* q, ptrdiff_t qhs, ptrdiff_t G, const uint8_t* rows,
+                                         ptrdiff_t nv, ptrdiff_t D, float scale, float* sc, ptrdiff_t ldsc) {
+    ptrdiff_t g = 0;
+    for (; g + 2 <= G; g += 2)
+        pg_qk_i8_heads512(q + g * qhs, q + (g + 1) * qhs, 2, rows, nv, D, scale, sc + g * ldsc,
+                          sc + (g + 1) * ldsc);
+    if (g < G) pg_qk_i8_heads512(q + g * qhs, q + g * qhs, 1, rows, nv, D, scale, sc + g * ldsc, sc + g * ldsc);
+}
+
+/* NV (2 or 4) vectors of 16 dims of NH heads over the keys: acc += (p_j * s_j) * code_j */
+PG_INLINE512 void pg_pv_i8_chunk512(float* o0, float* o1, int NH, int NV, const float* p0, const float* p1,
+                                    const uint8_t* rows, ptrdiff_t c, ptrdiff_t rs, ptrdiff_t nv) {
+    __m512 a[4], b[4];
+    ptrdiff_t j;
+    int r;
+    for (r = 0; r < NV; ++r) {
+        a[r] = _mm512_loadu_ps(o0 + 16 * r);
+        b[r] = NH == 2 ? _mm512_loadu_ps(o1 + 16 * r) : a[r];
+    }
+    for (j = 0; j < nv; ++j) {
+        const uint8_t* rec = rows + j * rs;
+        float s = pg_ldf(rec);
+        __m512 w = _mm512_set1_ps(p0[j] * s), u = _mm512_set1_ps(p1[j] * s);
+        for (r = 0; r < NV; ++r) {
+            __m512 x = pg_ld16(rec + 4 + c + 16 * r);
+            a[r] = _mm512_fmadd_ps(w, x, a[r]);
+            if (NH == 2) b[r] = _mm512_fmadd_ps(u, x, b[r]);
+        }
+    }
+    for (r = 0; r < NV; ++r) {
+        _mm512_storeu_ps(o0 + 16 * r, a[r]);
+        if (NH == 2) _mm512_storeu_ps(o1 + 16 * r, b[r]);
+    }
+}
+
+PG_INLINE512 void pg_pv_i8_heads512(float* acc0, float* acc1, int NH, const float* p0, const float* p1,
+                                    const uint8_t* rows, ptrdiff_t nv, ptrdiff_t D) {
+    const ptrdiff_t rs = 4 + D;
+    ptrdiff_t c = 0;
+    for (; c + 64 <= D; c += 64)
+        pg_pv_i8_chunk512(acc0 + c, acc1 + c, NH, 4, p0, p1, rows, c, rs, nv);
+    if (c < D) pg_pv_i8_chunk512(acc0 + c, acc1 + c, NH, 2, p0, p1, rows, c, rs, nv);
+}
+
+static PG_TARGET512 void pg_pv_i8_avx512(float* acc, ptrdiff_t ldacc, ptrdiff_t G, const float* p,
+                                         ptrdiff_t ldp, const uint8_t* rows, ptrdiff_t nv, ptrdiff_t D) {
+    ptrdiff_t g = 0;
+    for (; g + 2 <= G; g += 2)
+        pg_pv_i8_heads512(acc + g * ldacc, acc + (g + 1) * ldacc, 2, p + g * ldp, p + (g + 1) * ldp, rows, nv, D);
+    if (g < G) pg_pv_i8_heads512(acc + g * ldacc, acc + g * ldacc, 1, p + g * ldp, p + g * ldp, rows, nv, D);
+}
+
+/* the 32 codes of an int4 record minus 8 as two vectors of sixteen floats */
+PG_INLINE512 void pg_i4_codes512(const uint8_t* c, __m512* x0, __m512* x1) {
+    __m128i p0, p1;
+    pg_nib32(c, &p0, &p1);
+    *x0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(p0));
+    *x1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(p1));
+}
+
+PG_INLINE512 void pg_qk_i4_heads512(const float* q0, const float* q1, int NH, const uint8_t* rows,
+                                    ptrdiff_t nv, ptrdiff_t D, float scale, float* s0, float* s1) {
+    const ptrdiff_t nb = D / 32, rs = nb * 18;
+    const __m256 vscale = _mm256_set1_ps(scale);
+    ptrdiff_t j = 0, bk;
+    int r;
+    for (; j + 8 <= nv; j += 8) {
+        const uint8_t* c = rows + j * rs;
+        __m512 a[8], b[8];
+        for (r = 0; r < 8; ++r) a[r] = b[r] = _mm512_setzero_ps();
+        for (bk = 0; bk < nb; ++bk) {
+            __m512 qa0 = _mm512_loadu_ps(q0 + bk * 32), qa1 = _mm512_loadu_ps(q0 + bk * 32 + 16);
+            __m512 qb0 = _mm512_loadu_ps(q1 + bk * 32), qb1 = _mm512_loadu_ps(q1 + bk * 32 + 16);
+            for (r = 0; r < 8; ++r) {
+                const uint8_t* rec = c + r * rs + bk * 18;
+                __m512 x0, x1;
+                __m512 d = _mm512_set1_ps(pg_h2f_f16c(rec));
+                pg_i4_codes512(rec + 2, &x0, &x1);
+                x0 = _mm512_mul_ps(d, x0);
+                x1 = _mm512_mul_ps(d, x1);
+                a[r] = _mm512_fmadd_ps(qa1, x1, _mm512_fmadd_ps(qa0, x0, a[r]));
+                if (NH == 2) b[r] = _mm512_fmadd_ps(qb1, x1, _mm512_fmadd_ps(qb0, x0, b[r]));
+            }
+        }
+        _mm256_storeu_ps(s0 + j, _mm256_mul_ps(pg_hsum8x16(a), vscale));
+        if (NH == 2) _mm256_storeu_ps(s1 + j, _mm256_mul_ps(pg_hsum8x16(b), vscale));
+    }
+    for (; j < nv; ++j) {
+        const uint8_t* c = rows + j * rs;
+        __m512 a = _mm512_setzero_ps(), b = a;
+        for (bk = 0; bk < nb; ++bk) {
+            __m512 x0, x1;
+            __m512 d = _mm512_set1_ps(pg_h2f_f16c(c + bk * 18));
+            pg_i4_codes512(c + bk * 18 + 2, &x0, &x1);
+            x0 = _mm512_mul_ps(d, x0);
+            x1 = _mm512_mul_ps(d, x1);
+            a = _mm512_fmadd_ps(_mm512_loadu_ps(q0 + bk * 32 + 16), x1,
+                                _mm512_fmadd_ps(_mm512_loadu_ps(q0 + bk * 32), x0, a));
+            if (NH == 2)
+                b = _mm512_fmadd_ps(_mm512_loadu_ps(q1 + bk * 32 + 16), x1,
+                                    _mm512_fmadd_ps(_mm512_loadu_ps(q1 + bk * 32), x0, b));
+        }
+        s0[j] = _mm512_reduce_add_ps(a) * scale;
+        if (NH == 2) s1[j] = _mm512_reduce_add_ps(b) * scale;
+    }
+}
+
+static PG_TARGET512 void pg_qk_i4_avx512(const float* q, ptrdiff_t qhs, ptrdiff_t G, const uint8_t* rows,
+                                         ptrdiff_t nv, ptrdiff_t D, float scale, float* sc, ptrdiff_t ldsc) {
+    ptrdiff_t g = 0;
+    for (; g + 2 <= G; g += 2)
+        pg_qk_i4_heads512(q + g * qhs, q + (g + 1) * qhs, 2, rows, nv, D, scale, sc + g * ldsc,
+                          sc + (g + 1) * ldsc);
+    if (g < G) pg_qk_i4_heads512(q + g * qhs, q + g * qhs, 1, rows, nv, D, scale, sc + g * ldsc, sc + g * ldsc);
+}
+
+/* int4 value sums of NH heads, NB (1 or 2) blocks of 32 dims at a time */
+PG_INLINE512 void pg_pv_i4_blocks512(float* o0, float* o1, int NH, int NB, const float* p0, const float* p1,
+                                     const uint8_t* rows, ptrdiff_t rs, ptrdiff_t nv) {
+    __m512 a[4], b[4];
+    ptrdiff_t j;
+    int r;
+    for (r = 0; r < 2 * NB; ++r) {
+        a[r] = _mm512_loadu_ps(o0 + 16 * r);
+        b[r] = NH == 2 ? _mm512_loadu_ps(o1 + 16 * r) : a[r];
+    }
+    for (j = 0; j < nv; ++j) {
+        for (r = 0; r < NB; ++r) {
+            const uint8_t* rec = rows + j * rs + r * 18;
+            __m512 x0, x1;
+            float d = pg_h2f_f16c(rec);
+            pg_i4_codes512(rec + 2, &x0, &x1);
+            __m512 w = _mm512_set1_ps(p0[j] * d);
+            a[2 * r] = _mm512_fmadd_ps(w, x0, a[2 * r]);
+            a[2 * r + 1] = _mm512_fmadd_ps(w, x1, a[2 * r + 1]);
+            if (NH == 2) {
+                __m512 u = _mm512_set1_ps(p1[j] * d);
+                b[2 * r] = _mm512_fmadd_ps(u, x0, b[2 * r]);
+                b[2 * r + 1] = _mm512_fmadd_ps(u, x1, b[2 * r + 1]);
+            }
+        }
+    }
+    for (r = 0; r < 2 * NB; ++r) {
+        _mm512_storeu_ps(o0 + 16 * r, a[r]);
+        if (NH == 2) _mm512_storeu_ps(o1 + 16 * r, b[r]);
+    }
+}
+
+PG_INLINE512 void pg_pv_i4_heads512(float* acc0, float* acc1, int NH, const float* p0, const float* p1,
+                                    const uint8_t* rows, ptrdiff_t nv, ptrdiff_t D) {
+    const ptrdiff_t nb = D / 32, rs = nb * 18;
+    ptrdiff_t bk = 0;
+    for (; bk + 2 <= nb; bk += 2)
+        pg_pv_i4_blocks512(acc0 + bk * 32, acc1 + bk * 32, NH, 2, p0, p1, rows + bk * 18, rs, nv);
+    if (bk < nb) pg_pv_i4_blocks512(acc0 + bk * 32, acc1 + bk * 32, NH, 1, p0, p1, rows + bk * 18, rs, nv);
+}
+
+static PG_TARGET512 void pg_pv_i4_avx512(float* acc, ptrdiff_t ldacc, ptrdiff_t G, const float* p,
+                                         ptrdiff_t ldp, const uint8_t* rows, ptrdiff_t nv, ptrdiff_t D) {
+    ptrdiff_t g = 0;
+    for (; g + 2 <= G; g += 2)
+        pg_pv_i4_heads512(acc + g * ldacc, acc + (g + 1) * ldacc, 2, p + g * ldp, p + (g + 1) * ldp, rows, nv, D);
+    if (g < G) pg_pv_i4_heads512(acc + g * ldacc, acc + g * ldacc, 1, p + g * ldp, p + g * ldp, rows, nv, D);
+}
+
 static int pg_f16c = 0;
+static int pg_avx512 = 0;      /* the CPU has AVX-512F (and the AVX2 set) */
+static int pg_use512 = 1;      /* cleared by tests to run the AVX2 versions */
 
 static int pg_init(void) {
     __builtin_cpu_init();
     pg_f16c = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+    pg_avx512 = pg_f16c && __builtin_cpu_supports("avx512f");
     return pg_f16c;
 }
 
+/* 0 portable, 1 AVX2, 2 AVX-512 */
+static inline int pg_level(void) {
+    if (!(of_simd_avx2 && pg_f16c)) return 0;
+    return pg_avx512 && pg_use512 ? 2 : 1;
+}
+static void pg_set_use512(int on) { pg_use512 = on; }
+
 #define PG_FAST (of_simd_avx2 && pg_f16c)
 #define PG_DISPATCH(base, fast, ...) (PG_FAST ? fast(__VA_ARGS__) : base(__VA_ARGS__))
+#define PG_DISPATCH3(base, fast, wide, ...) do { int lv_ = pg_level(); \
+        if (lv_ == 2) wide(__VA_ARGS__); else if (lv_ == 1) fast(__VA_ARGS__); else base(__VA_ARGS__); } while (0)
 
 #else  /* no x86 vector paths */
 #define PG_FAST 0
 #define PG_DISPATCH(base, fast, ...) base(__VA_ARGS__)
+#define PG_DISPATCH3(base, fast, wide, ...) base(__VA_ARGS__)
 static void pg_i8_avx2(const uint8_t* c, float s, float* o, ptrdiff_t n) {}
 static void pg_i4_avx2(const uint8_t* c, float s, float* o) {}
 static void pg_f16_avx2(const uint8_t* c, float* o, ptrdiff_t n) {}
 static int pg_init(void) { return 0; }
+static inline int pg_level(void) { return 0; }
+static void pg_set_use512(int on) {}
 #endif
 
 /* 1 when the vector versions run (the row decoders check it too) */
@@ -558,19 +794,19 @@ static inline void pg_softmax(ptrdiff_t G, ptrdiff_t nv, float* sc, ptrdiff_t ld
 }
 static inline void pg_qk_i8(const float* q, ptrdiff_t qhs, ptrdiff_t G, const uint8_t* rows, ptrdiff_t nv,
                             ptrdiff_t D, float scale, float* sc, ptrdiff_t ldsc) {
-    PG_DISPATCH(pg_qk_i8_base, pg_qk_i8_avx2, q, qhs, G, rows, nv, D, scale, sc, ldsc);
+    PG_DISPATCH3(pg_qk_i8_base, pg_qk_i8_avx2, pg_qk_i8_avx512, q, qhs, G, rows, nv, D, scale, sc, ldsc);
 }
 static inline void pg_pv_i8(float* acc, ptrdiff_t ldacc, ptrdiff_t G, const float* p, ptrdiff_t ldp,
                             const uint8_t* rows, ptrdiff_t nv, ptrdiff_t D) {
-    PG_DISPATCH(pg_pv_i8_base, pg_pv_i8_avx2, acc, ldacc, G, p, ldp, rows, nv, D);
+    PG_DISPATCH3(pg_pv_i8_base, pg_pv_i8_avx2, pg_pv_i8_avx512, acc, ldacc, G, p, ldp, rows, nv, D);
 }
 static inline void pg_qk_i4(const float* q, ptrdiff_t qhs, ptrdiff_t G, const uint8_t* rows, ptrdiff_t nv,
                             ptrdiff_t D, float scale, float* sc, ptrdiff_t ldsc) {
-    PG_DISPATCH(pg_qk_i4_base, pg_qk_i4_avx2, q, qhs, G, rows, nv, D, scale, sc, ldsc);
+    PG_DISPATCH3(pg_qk_i4_base, pg_qk_i4_avx2, pg_qk_i4_avx512, q, qhs, G, rows, nv, D, scale, sc, ldsc);
 }
 static inline void pg_pv_i4(float* acc, ptrdiff_t ldacc, ptrdiff_t G, const float* p, ptrdiff_t ldp,
                             const uint8_t* rows, ptrdiff_t nv, ptrdiff_t D) {
-    PG_DISPATCH(pg_pv_i4_base, pg_pv_i4_avx2, acc, ldacc, G, p, ldp, rows, nv, D);
+    PG_DISPATCH3(pg_pv_i4_base, pg_pv_i4_avx2, pg_pv_i4_avx512, acc, ldacc, G, p, ldp, rows, nv, D);
 }
 
 #endif /* ONNXFORGE_PAGED_SIMD_H */
