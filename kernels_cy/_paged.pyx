@@ -523,17 +523,6 @@ cdef void _head_span(int fmt, Py_ssize_t kv, Py_ssize_t h, Py_ssize_t H, Py_ssiz
     n[0] = P * row
 
 
-cdef inline void _prefetch_head(int fmt, const uint8_t* pay, Py_ssize_t h, Py_ssize_t H, Py_ssize_t P,
-                                Py_ssize_t D) noexcept nogil:
-    cdef Py_ssize_t kv, off, n, i
-    for kv in range(2):
-        _head_span(fmt, kv, h, H, P, D, &off, &n)
-        i = 0
-        while i < n:
-            __builtin_prefetch(pay + off + i, 0, 1)
-            i = i + 64
-
-
 cdef void _dec_head(int fmt, const uint8_t* pay, Py_ssize_t kv, Py_ssize_t h, Py_ssize_t nv,
                     Py_ssize_t H, Py_ssize_t P, Py_ssize_t D, float* dst) noexcept nogil:
     if fmt == I2 and kv == 0:
@@ -557,17 +546,44 @@ def decode_page(int fmt, const uint8_t[::1] payload, float[:, :, :, ::1] out) ->
 
 # ---- attention ------------------------------------------------------------------
 
+cdef enum:
+    SUBKEYS = 16   # keys per code-kernel call; the next block's rows are prefetched in between
+
+
+cdef inline void _prefetch_part(const uint8_t* pf, Py_ssize_t n, Py_ssize_t j0, Py_ssize_t j1,
+                                Py_ssize_t nv) noexcept nogil:
+    """Prefetch the share [j0, j1) of nv of the ``n`` bytes at ``pf`` (nothing for NULL)."""
+    cdef Py_ssize_t a = n * j0 // nv, b = n * j1 // nv
+    if pf == NULL:
+        return
+    while a < b:
+        __builtin_prefetch(pf + a, 0, 1)
+        a = a + 64
+
+
 cdef void _page_scores(int fmt, const uint8_t* pay, const float* q0, Py_ssize_t qhs, Py_ssize_t G,
                        Py_ssize_t h, Py_ssize_t nv, Py_ssize_t H, Py_ssize_t P, Py_ssize_t D, float scale,
-                       float* kbuf, float* sc, Py_ssize_t ldsc) noexcept nogil:
+                       float* kbuf, float* sc, Py_ssize_t ldsc, const uint8_t* pf,
+                       Py_ssize_t pfn) noexcept nogil:
     """Scores ``sc[g * ldsc + j]`` of G query heads (stride qhs) against keys [0, nv) of KV
     head h of one page: int8 and int4 on their codes, float32 in place, others decoded
-    into ``kbuf`` first."""
-    if fmt == I8:
-        pg_qk_i8(q0, qhs, G, pay + h * P * (4 + D), nv, D, scale, sc, ldsc)
-    elif fmt == I4:
-        pg_qk_i4(q0, qhs, G, pay + h * P * (D // 32) * 18, nv, D, scale, sc, ldsc)
-    elif fmt == F32:
+    into ``kbuf`` first. The ``pfn`` bytes at ``pf`` (keys the next block reads) are
+    prefetched along the way."""
+    cdef Py_ssize_t j, m, rs = 4 + D if fmt == I8 else (D // 32) * 18
+    cdef const uint8_t* rows = pay + h * P * rs
+    if fmt == I8 or fmt == I4:
+        j = 0
+        while j < nv:
+            m = nv - j if nv - j < SUBKEYS else SUBKEYS
+            _prefetch_part(pf, pfn, j, j + m, nv)
+            if fmt == I8:
+                pg_qk_i8(q0, qhs, G, rows + j * rs, m, D, scale, sc + j, ldsc)
+            else:
+                pg_qk_i4(q0, qhs, G, rows + j * rs, m, D, scale, sc + j, ldsc)
+            j = j + m
+        return
+    _prefetch_part(pf, pfn, 0, 1, 1)
+    if fmt == F32:
         of_qk(q0, qhs, G, <const float*>pay + h * P * D, D, nv, D, scale, sc, ldsc)
     else:
         _dec_head(fmt, pay, 0, h, nv, H, P, D, kbuf)
@@ -576,18 +592,41 @@ cdef void _page_scores(int fmt, const uint8_t* pay, const float* q0, Py_ssize_t 
 
 cdef void _page_values(int fmt, const uint8_t* pay, Py_ssize_t G, Py_ssize_t h, Py_ssize_t nv, Py_ssize_t H,
                        Py_ssize_t P, Py_ssize_t D, const float* sc, Py_ssize_t ldsc, float* vbuf,
-                       float* acc) noexcept nogil:
+                       float* acc, const uint8_t* pf, Py_ssize_t pfn) noexcept nogil:
     """``acc[g, :] += sum_j sc[g * ldsc + j] * v_j`` over the values [0, nv) of KV head h of
-    one page (the same format split as :func:`_page_scores`)."""
-    if fmt == I8:
-        pg_pv_i8(acc, D, G, sc, ldsc, pay + (H + h) * P * (4 + D), nv, D)
-    elif fmt == I4:
-        pg_pv_i4(acc, D, G, sc, ldsc, pay + (H + h) * P * (D // 32) * 18, nv, D)
-    elif fmt == F32:
+    one page (the same format split and prefetching as :func:`_page_scores`)."""
+    cdef Py_ssize_t j, m, rs = 4 + D if fmt == I8 else (D // 32) * 18
+    cdef const uint8_t* rows = pay + (H + h) * P * rs
+    if fmt == I8 or fmt == I4:
+        j = 0
+        while j < nv:
+            m = nv - j if nv - j < SUBKEYS else SUBKEYS
+            _prefetch_part(pf, pfn, j, j + m, nv)
+            if fmt == I8:
+                pg_pv_i8(acc, D, G, sc + j, ldsc, rows + j * rs, m, D)
+            else:
+                pg_pv_i4(acc, D, G, sc + j, ldsc, rows + j * rs, m, D)
+            j = j + m
+        return
+    _prefetch_part(pf, pfn, 0, 1, 1)
+    if fmt == F32:
         of_pv(acc, D, G, sc, ldsc, <const float*>pay + (H + h) * P * D, D, nv, D)
     else:
         _dec_head(fmt, pay, 1, h, nv, H, P, D, vbuf)
         of_pv(acc, D, G, sc, ldsc, vbuf, D, nv, D)
+
+
+cdef inline const uint8_t* _next_span(const int64_t* addr, const int32_t* fmts, Py_ssize_t pn, Py_ssize_t npg,
+                                      Py_ssize_t kv, Py_ssize_t h, Py_ssize_t H, Py_ssize_t P, Py_ssize_t D,
+                                      Py_ssize_t* n) noexcept nogil:
+    """Start and length ``n`` of head h's keys (kv 0) or values (kv 1) in page pn, or NULL
+    past the last page."""
+    cdef Py_ssize_t off
+    n[0] = 0
+    if pn >= npg:
+        return NULL
+    _head_span(fmts[pn], kv, h, H, P, D, &off, n)
+    return <const uint8_t*><size_t>addr[pn] + off
 
 
 cdef void _pages_block(const int64_t* addr, const int32_t* fmts, Py_ssize_t pb, Py_ssize_t pe, Py_ssize_t hi,
@@ -595,19 +634,23 @@ cdef void _pages_block(const int64_t* addr, const int32_t* fmts, Py_ssize_t pb, 
                        Py_ssize_t D, float scale, float* kbuf, float* vbuf, float* sc, Py_ssize_t ldsc,
                        float* acc, float* mx, float* den) noexcept nogil:
     """One online-softmax block: G query heads over the keys of KV head h in pages
-    [pb, pe) (at most ``ldsc`` keys, the last page cut at ``hi``), any mix of formats."""
-    cdef Py_ssize_t pg, nv, rows = 0
+    [pb, pe) (at most ``ldsc`` keys, the last page cut at ``hi``), any mix of formats,
+    while head h's rows of the next block's pages are prefetched."""
+    cdef Py_ssize_t pg, nv, rows = 0, pfn, npg = (hi + P - 1) // P
+    cdef const uint8_t* pf
     for pg in range(pb, pe):
         nv = hi - pg * P if hi - pg * P < P else P
+        pf = _next_span(addr, fmts, pg + pe - pb, npg, 0, h, H, P, D, &pfn)
         _page_scores(fmts[pg], <const uint8_t*><size_t>addr[pg], q0, qhs, G, h, nv, H, P, D, scale, kbuf,
-                     sc + rows, ldsc)
+                     sc + rows, ldsc, pf, pfn)
         rows = rows + nv
     pg_softmax(G, rows, sc, ldsc, acc, D, mx, den)
     rows = 0
     for pg in range(pb, pe):
         nv = hi - pg * P if hi - pg * P < P else P
+        pf = _next_span(addr, fmts, pg + pe - pb, npg, 1, h, H, P, D, &pfn)
         _page_values(fmts[pg], <const uint8_t*><size_t>addr[pg], G, h, nv, H, P, D, sc + rows, ldsc, vbuf,
-                     acc)
+                     acc, pf, pfn)
         rows = rows + nv
 
 
@@ -679,7 +722,7 @@ cdef void _attend_pages(const float* q, Py_ssize_t G, const int64_t* addr, const
                         Py_ssize_t h0, Py_ssize_t h1, Py_ssize_t hi, Py_ssize_t H, Py_ssize_t P,
                         Py_ssize_t D, float scale, float* ws, float* out) noexcept nogil:
     """One query token, KV heads [h0, h1): blocks of pages outer, heads inner, so the
-    pages are read front to back once; the next block is prefetched."""
+    pages are read front to back once."""
     cdef Py_ssize_t KB = _block_keys(P), ppb = KB // P
     cdef float* kbuf = ws
     cdef float* vbuf = ws + KB * D
@@ -698,8 +741,6 @@ cdef void _attend_pages(const float* q, Py_ssize_t G, const int64_t* addr, const
         pe = pb + ppb if pb + ppb < npg else npg
         for h in range(h0, h1):
             r = (h - h0) * G
-            for pg in range(pe, pe + ppb if pe + ppb < npg else npg):
-                _prefetch_head(fmts[pg], <const uint8_t*><size_t>addr[pg], h, H, P, D)
             _pages_block(addr, fmts, pb, pe, hi, q + h * G * D, D, G, h, H, P, D, scale, kbuf, vbuf, sc, KB,
                          acc + r * D, mx + r, den + r)
         pb = pe
