@@ -637,12 +637,36 @@ static PG_TARGET512 void pg_pv_i8_avx512(float* acc, ptrdiff_t ldacc, ptrdiff_t 
     if (g < G) pg_pv_i8_heads512(acc + g * ldacc, acc + g * ldacc, 1, p + g * ldp, p + g * ldp, rows, nv, D);
 }
 
-/* the 32 codes of an int4 record minus 8 as two vectors of sixteen floats */
-PG_INLINE512 void pg_i4_codes512(const uint8_t* c, __m512* x0, __m512* x1) {
-    __m128i p0, p1;
-    pg_nib32(c, &p0, &p1);
-    *x0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(p0));
-    *x1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(p1));
+/* int4 with sixteen lanes works in the codes' byte order: lane k of the "even" vector is
+ * element 2k of a block (low nibble of byte k), lane k of the "odd" one element 2k + 1,
+ * so the query and the value accumulators are split into even and odd elements. */
+PG_INLINE512 __m512i pg_idx(int a, int step) {
+    return _mm512_set_epi32(a + 15 * step, a + 14 * step, a + 13 * step, a + 12 * step, a + 11 * step,
+                            a + 10 * step, a + 9 * step, a + 8 * step, a + 7 * step, a + 6 * step,
+                            a + 5 * step, a + 4 * step, a + 3 * step, a + 2 * step, a + step, a);
+}
+
+/* even and odd elements of the 32 values at v */
+PG_INLINE512 void pg_split32(const float* v, __m512* e, __m512* o) {
+    __m512 lo = _mm512_loadu_ps(v), hi = _mm512_loadu_ps(v + 16);
+    *e = _mm512_permutex2var_ps(lo, pg_idx(0, 2), hi);
+    *o = _mm512_permutex2var_ps(lo, pg_idx(1, 2), hi);
+}
+
+/* the inverse of pg_split32, stored at v */
+PG_INLINE512 void pg_merge32(float* v, __m512 e, __m512 o) {
+    const __m512i i0 = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    const __m512i i1 = _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8);
+    _mm512_storeu_ps(v, _mm512_permutex2var_ps(e, i0, o));
+    _mm512_storeu_ps(v + 16, _mm512_permutex2var_ps(e, i1, o));
+}
+
+/* the codes minus 8 of an int4 record's 16 bytes: even and odd elements */
+PG_INLINE512 void pg_i4_codes512(const uint8_t* c, __m512* e, __m512* o) {
+    const __m512i m15 = _mm512_set1_epi32(15), e8 = _mm512_set1_epi32(8);
+    __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)c));
+    *e = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_and_si512(b, m15), e8));
+    *o = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_srli_epi32(b, 4), e8));
 }
 
 PG_INLINE512 void pg_qk_i4_heads512(const float* q0, const float* q1, int NH, const uint8_t* rows,
@@ -656,8 +680,9 @@ PG_INLINE512 void pg_qk_i4_heads512(const float* q0, const float* q1, int NH, co
         __m512 a[8], b[8];
         for (r = 0; r < 8; ++r) a[r] = b[r] = _mm512_setzero_ps();
         for (bk = 0; bk < nb; ++bk) {
-            __m512 qa0 = _mm512_loadu_ps(q0 + bk * 32), qa1 = _mm512_loadu_ps(q0 + bk * 32 + 16);
-            __m512 qb0 = _mm512_loadu_ps(q1 + bk * 32), qb1 = _mm512_loadu_ps(q1 + bk * 32 + 16);
+            __m512 qa0, qa1, qb0, qb1;
+            pg_split32(q0 + bk * 32, &qa0, &qa1);
+            pg_split32(q1 + bk * 32, &qb0, &qb1);
             for (r = 0; r < 8; ++r) {
                 const uint8_t* rec = c + r * rs + bk * 18;
                 __m512 x0, x1;
@@ -676,16 +701,15 @@ PG_INLINE512 void pg_qk_i4_heads512(const float* q0, const float* q1, int NH, co
         const uint8_t* c = rows + j * rs;
         __m512 a = _mm512_setzero_ps(), b = a;
         for (bk = 0; bk < nb; ++bk) {
-            __m512 x0, x1;
+            __m512 x0, x1, qa0, qa1, qb0, qb1;
             __m512 d = _mm512_set1_ps(pg_h2f_f16c(c + bk * 18));
+            pg_split32(q0 + bk * 32, &qa0, &qa1);
+            pg_split32(q1 + bk * 32, &qb0, &qb1);
             pg_i4_codes512(c + bk * 18 + 2, &x0, &x1);
             x0 = _mm512_mul_ps(d, x0);
             x1 = _mm512_mul_ps(d, x1);
-            a = _mm512_fmadd_ps(_mm512_loadu_ps(q0 + bk * 32 + 16), x1,
-                                _mm512_fmadd_ps(_mm512_loadu_ps(q0 + bk * 32), x0, a));
-            if (NH == 2)
-                b = _mm512_fmadd_ps(_mm512_loadu_ps(q1 + bk * 32 + 16), x1,
-                                    _mm512_fmadd_ps(_mm512_loadu_ps(q1 + bk * 32), x0, b));
+            a = _mm512_fmadd_ps(qa1, x1, _mm512_fmadd_ps(qa0, x0, a));
+            if (NH == 2) b = _mm512_fmadd_ps(qb1, x1, _mm512_fmadd_ps(qb0, x0, b));
         }
         s0[j] = _mm512_reduce_add_ps(a) * scale;
         if (NH == 2) s1[j] = _mm512_reduce_add_ps(b) * scale;
@@ -707,9 +731,10 @@ PG_INLINE512 void pg_pv_i4_blocks512(float* o0, float* o1, int NH, int NB, const
     __m512 a[4], b[4];
     ptrdiff_t j;
     int r;
-    for (r = 0; r < 2 * NB; ++r) {
-        a[r] = _mm512_loadu_ps(o0 + 16 * r);
-        b[r] = NH == 2 ? _mm512_loadu_ps(o1 + 16 * r) : a[r];
+    for (r = 0; r < NB; ++r) {
+        pg_split32(o0 + 32 * r, &a[2 * r], &a[2 * r + 1]);
+        if (NH == 2) pg_split32(o1 + 32 * r, &b[2 * r], &b[2 * r + 1]);
+        else b[2 * r] = b[2 * r + 1] = a[2 * r];
     }
     for (j = 0; j < nv; ++j) {
         for (r = 0; r < NB; ++r) {
@@ -727,9 +752,9 @@ PG_INLINE512 void pg_pv_i4_blocks512(float* o0, float* o1, int NH, int NB, const
             }
         }
     }
-    for (r = 0; r < 2 * NB; ++r) {
-        _mm512_storeu_ps(o0 + 16 * r, a[r]);
-        if (NH == 2) _mm512_storeu_ps(o1 + 16 * r, b[r]);
+    for (r = 0; r < NB; ++r) {
+        pg_merge32(o0 + 32 * r, a[2 * r], a[2 * r + 1]);
+        if (NH == 2) pg_merge32(o1 + 32 * r, b[2 * r], b[2 * r + 1]);
     }
 }
 
