@@ -569,7 +569,7 @@ cdef void _page_scores(int fmt, const uint8_t* pay, const float* q0, Py_ssize_t 
     head h of one page: int8 and int4 on their codes, float32 in place, others decoded
     into ``kbuf`` first. The ``pfn`` bytes at ``pf`` (keys the next block reads) are
     prefetched along the way."""
-    cdef Py_ssize_t j, m, rs = 4 + D if fmt == I8 else (D // 32) * 18
+    cdef Py_ssize_t j, m, rs = 4 + D if fmt == I8 else (D // 32) * 18    # int8 / int4 row bytes
     cdef const uint8_t* rows = pay + h * P * rs
     if fmt == I8 or fmt == I4:
         j = 0
@@ -595,7 +595,7 @@ cdef void _page_values(int fmt, const uint8_t* pay, Py_ssize_t G, Py_ssize_t h, 
                        float* acc, const uint8_t* pf, Py_ssize_t pfn) noexcept nogil:
     """``acc[g, :] += sum_j sc[g * ldsc + j] * v_j`` over the values [0, nv) of KV head h of
     one page (the same format split and prefetching as :func:`_page_scores`)."""
-    cdef Py_ssize_t j, m, rs = 4 + D if fmt == I8 else (D // 32) * 18
+    cdef Py_ssize_t j, m, rs = 4 + D if fmt == I8 else (D // 32) * 18    # int8 / int4 row bytes
     cdef const uint8_t* rows = pay + (H + h) * P * rs
     if fmt == I8 or fmt == I4:
         j = 0
