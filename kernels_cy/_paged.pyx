@@ -23,8 +23,10 @@ sizes, which are checked here before any byte is written):
   registers, the per-token or per-block scales folded in); float32 pages are read in
   place; the other formats decode one page's rows of one head into a per-thread
   workspace of :func:`workspace_floats` floats first. int8, int4 and float16 row
-  decoders and the code kernels use AVX2/FMA/F16C where the CPU has them (selected at
-  run time; the decoders are bit-identical to the portable loops).
+  decoders and the code kernels use AVX2/FMA/F16C where the CPU has them, the code
+  kernels AVX-512F where it has that (``_paged_simd512.h``; selected at run time, the
+  decoders bit-identical to the portable loops, the kernels equal up to float32
+  summation order).
 """
 from cython.parallel cimport prange, threadid
 from libc.math cimport INFINITY, fabsf, rintf

@@ -146,3 +146,22 @@ def test_workspace_does_not_grow_with_the_context():
         c.attend(q, num_threads=2)
         sizes.append(c.workspace_bytes)
     assert sizes[0] == sizes[1] == 2 * _paged.workspace_floats(16, 64) * 4
+
+
+@pytest.mark.parametrize("s", [1, 3])
+def test_code_pages_leave_the_decode_rows_of_the_workspace_untouched(simd_path, s):
+    """int8 / int4 pages are attended on their codes: the K / V rows of the workspace
+    (the first 2 * block_keys * D floats of a thread's row) are never written; a float16
+    page in the same cache is decoded there."""
+    rng = np.random.default_rng(14)
+    p, d = 16, 64
+    c = _cache(rng, 2, d, p, 5 * p - 3, ["int8", "int4"])
+    q = rng.standard_normal((1, 4, s, d)).astype(np.float32)
+    ws = c.workspace(1, 4)
+    ws[:] = np.nan
+    _check(c, q)
+    rows = 2 * 64 * d
+    assert np.isnan(c.workspace(1, 4)[:, :rows]).all()
+    c.convert(2, "float16")
+    _check(c, q)
+    assert not np.isnan(c.workspace(1, 4)[0, :rows]).all()
