@@ -54,7 +54,7 @@ def _check(c: PagedKVCache, q: np.ndarray, total: int | None = None, **kw) -> np
 
 
 @pytest.mark.parametrize("fmt", ["int8", "int4"])
-@pytest.mark.parametrize("d", [32, 64, 128])
+@pytest.mark.parametrize("d", [32, 64, 96, 128])
 @pytest.mark.parametrize("p", [4, 12, 16, 64, 128])
 def test_code_pages_match_the_float64_reference(simd_path, fmt, d, p):
     rng = np.random.default_rng(d + p)
