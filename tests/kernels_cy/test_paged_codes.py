@@ -1,6 +1,7 @@
 """Paged decode attention on the codes of int8 and int4 pages (and the decoded path of
-the other formats in the same blocks), on the vector and the portable kernels, against a
-float64 numpy reference computed from pages decoded by the independent numpy codecs."""
+the other formats in the same blocks), on the widest vector kernels the CPU has, the AVX2
+ones and the portable ones, against a float64 numpy reference computed from pages decoded
+by the independent numpy codecs."""
 from __future__ import annotations
 
 from collections.abc import Iterator
