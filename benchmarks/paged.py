@@ -100,7 +100,7 @@ def _streamed(n: int, k: np.ndarray, v: np.ndarray, q: np.ndarray, pages: tuple[
     """Several layers attended in turn, as in one decode step, with more float32 cache than
     the CPU caches hold: every call streams its keys and values from memory."""
     layers = max(2, -(-footprint // (k.nbytes + v.nbytes)))
-    conts = [(np.ascontiguousarray(k), np.ascontiguousarray(v)) for _ in range(layers)]
+    conts = [(k.copy(), v.copy()) for _ in range(layers)]     # one cache per layer, as the paged ones
     runs = [_contiguous(q, kk, vv, threads) for kk, vv in conts]
     fns: dict[str, Callable[[], object]] = {"float32 contiguous": lambda: [r() for r in runs]}
     for fmt in ("int8", "int4", "float32"):

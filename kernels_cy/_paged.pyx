@@ -16,15 +16,20 @@ sizes, which are checked here before any byte is written):
   offset ``t0`` (int2 keys are quantized per channel over the page, so their
   groups are requantized from the page's earlier tokens, page-local work);
 * :func:`decode_page` decodes a whole page (conversion, tests);
-* :func:`attention` is causal grouped-query attention over the pages. It decodes
-  one block's rows of one KV head at a time (one page, or 64 keys of smaller pages)
-  into a per-thread workspace of :func:`workspace_floats` floats (float32 pages are
-  read in place) and keeps an online softmax, so no work buffer grows with the
-  context. int8, int4 and float16 rows decode with AVX2/F16C where the CPU has them
-  (selected at run time, bit-identical to the portable loops).
+* :func:`attention` is causal grouped-query attention over the pages, one online-softmax
+  block (one page, or 64 keys of smaller pages) of one KV head at a time, so no work
+  buffer grows with the context. int8 and int4 pages are attended on their codes
+  (``_paged_simd.h``: scores and weighted value sums convert codes to float in
+  registers, the per-token or per-block scales folded in); float32 pages are read in
+  place; the other formats decode one page's rows of one head into a per-thread
+  workspace of :func:`workspace_floats` floats first. int8, int4 and float16 row
+  decoders and the code kernels use AVX2/FMA/F16C where the CPU has them, the code
+  kernels AVX-512F where it has that (``_paged_simd512.h``; selected at run time, the
+  decoders bit-identical to the portable loops, the kernels equal up to float32
+  summation order).
 """
 from cython.parallel cimport prange, threadid
-from libc.math cimport INFINITY, expf, fabsf, rintf
+from libc.math cimport INFINITY, fabsf, rintf
 from libc.stdint cimport uint16_t, uint32_t
 from libc.string cimport memcpy, memset
 
@@ -35,67 +40,38 @@ include "_pool_client.pxi"
 __all__ = ["FORMAT_NAMES", "MAXG", "attention", "decode_page", "encode_rows", "init_page",
            "page_bytes", "workspace_floats"]
 
-cdef extern from *:
-    """
-    /* AVX2 / F16C row decoders, selected at run time like kernels_cy/_simd.h (the build
-       has no -march flag). Each computes exactly what the portable loop computes:
-       int8 s * (float)code, int4 s * (float)(code - 8), float16 the exact widening. */
-    #include <stdint.h>
-    #if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
-    #include <immintrin.h>
-    #define PG_HAVE_AVX2 1
-    __attribute__((target("avx2,fma"))) static void pg_i8_avx2(const uint8_t* c, float s, float* o,
-                                                               ptrdiff_t n) {
-        __m256 vs = _mm256_set1_ps(s);
-        ptrdiff_t i = 0;
-        for (; i + 8 <= n; i += 8) {
-            __m128i b = _mm_loadl_epi64((const __m128i*)(c + i));
-            _mm256_storeu_ps(o + i, _mm256_mul_ps(vs, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b))));
-        }
-        for (; i < n; ++i) o[i] = s * (float)(int8_t)c[i];
-    }
-    __attribute__((target("avx2,fma"))) static void pg_i4_avx2(const uint8_t* c, float s, float* o) {
-        const __m128i mask = _mm_set1_epi8(15);
-        const __m256i e8 = _mm256_set1_epi32(8);
-        const __m256 vs = _mm256_set1_ps(s);
-        __m128i b = _mm_loadu_si128((const __m128i*)c);
-        __m128i lo = _mm_and_si128(b, mask);
-        __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), mask);
-        __m128i p0 = _mm_unpacklo_epi8(lo, hi);
-        __m128i p1 = _mm_unpackhi_epi8(lo, hi);
-        #define PG_I4(dst, x) _mm256_storeu_ps(dst, _mm256_mul_ps(vs, _mm256_cvtepi32_ps( \
-            _mm256_sub_epi32(_mm256_cvtepu8_epi32(x), e8))))
-        PG_I4(o, p0);
-        PG_I4(o + 8, _mm_srli_si128(p0, 8));
-        PG_I4(o + 16, p1);
-        PG_I4(o + 24, _mm_srli_si128(p1, 8));
-        #undef PG_I4
-    }
-    __attribute__((target("avx2,fma,f16c"))) static void pg_f16_avx2(const uint8_t* c, float* o,
-                                                                     ptrdiff_t n) {
-        ptrdiff_t i;
-        for (i = 0; i + 8 <= n; i += 8)
-            _mm256_storeu_ps(o + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(c + 2 * i))));
-    }
-    static int pg_f16c_supported(void) {
-        __builtin_cpu_init();
-        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
-    }
-    #else
-    #define PG_HAVE_AVX2 0
-    static void pg_i8_avx2(const uint8_t* c, float s, float* o, ptrdiff_t n) {}
-    static void pg_i4_avx2(const uint8_t* c, float s, float* o) {}
-    static void pg_f16_avx2(const uint8_t* c, float* o, ptrdiff_t n) {}
-    static int pg_f16c_supported(void) { return 0; }
-    #endif
-    """
-    void pg_i8_avx2(const uint8_t* c, float s, float* o, Py_ssize_t n) noexcept nogil
-    void pg_i4_avx2(const uint8_t* c, float s, float* o) noexcept nogil
-    void pg_f16_avx2(const uint8_t* c, float* o, Py_ssize_t n) noexcept nogil
-    int pg_f16c_supported() noexcept nogil
-    void __builtin_prefetch(const void* p, int rw, int locality) noexcept nogil
+cdef extern from "_paged_simd.h" nogil:
+    void pg_i8_avx2(const uint8_t* c, float s, float* o, Py_ssize_t n)
+    void pg_i4_avx2(const uint8_t* c, float s, float* o)
+    void pg_f16_avx2(const uint8_t* c, float* o, Py_ssize_t n)
+    void pg_qk_i8(const float* q, Py_ssize_t qhs, Py_ssize_t G, const uint8_t* rows, Py_ssize_t nv,
+                  Py_ssize_t D, float scale, float* sc, Py_ssize_t ldsc)
+    void pg_pv_i8(float* acc, Py_ssize_t ldacc, Py_ssize_t G, const float* p, Py_ssize_t ldp,
+                  const uint8_t* rows, Py_ssize_t nv, Py_ssize_t D)
+    void pg_qk_i4(const float* q, Py_ssize_t qhs, Py_ssize_t G, const uint8_t* rows, Py_ssize_t nv,
+                  Py_ssize_t D, float scale, float* sc, Py_ssize_t ldsc)
+    void pg_pv_i4(float* acc, Py_ssize_t ldacc, Py_ssize_t G, const float* p, Py_ssize_t ldp,
+                  const uint8_t* rows, Py_ssize_t nv, Py_ssize_t D)
+    void pg_softmax(Py_ssize_t G, Py_ssize_t nv, float* sc, Py_ssize_t ldsc, float* acc, Py_ssize_t D,
+                    float* mx, float* den)
+    int pg_init()
+    int pg_fast()
+    int pg_level()
+    void pg_set_use512(int on)
+    void __builtin_prefetch(const void* p, int rw, int locality)
 
-cdef int _f16c = pg_f16c_supported()
+pg_init()
+
+def _vector_level() -> int:
+    """The code kernels of int8 / int4 pages in use: 0 portable, 1 AVX2, 2 AVX-512."""
+    return pg_level()
+
+
+def _allow_avx512(bint on) -> None:
+    """Let the code kernels use their AVX-512 versions where the CPU has them (``on``), or
+    keep to AVX2 (tests compare the paths)."""
+    pg_set_use512(on)
+
 
 cdef enum:
     F32 = 0
@@ -473,7 +449,7 @@ cdef void _dec_rows(int fmt, const uint8_t* pay, Py_ssize_t kv, Py_ssize_t h, Py
             memcpy(o, pay + r * D * 4, D * 4)
         elif fmt == F16:
             rec = pay + r * D * 2
-            if of_simd_avx2 and _f16c:
+            if pg_fast():
                 pg_f16_avx2(rec, o, D)
             else:
                 for i in range(D):
@@ -481,7 +457,7 @@ cdef void _dec_rows(int fmt, const uint8_t* pay, Py_ssize_t kv, Py_ssize_t h, Py
         elif fmt == I8:
             rec = pay + r * (4 + D)
             s = _ldf(rec)
-            if of_simd_avx2:
+            if pg_fast():
                 pg_i8_avx2(rec + 4, s, o, D)
             else:
                 for i in range(D):
@@ -495,7 +471,7 @@ cdef void _dec_rows(int fmt, const uint8_t* pay, Py_ssize_t kv, Py_ssize_t h, Py
             for b in range(nb):
                 rec = pay + (r * nb + b) * 18
                 s = _ldh(rec)
-                if of_simd_avx2:
+                if pg_fast():
                     pg_i4_avx2(rec + 2, s, o + b * 32)
                     continue
                 for i in range(16):
@@ -549,17 +525,6 @@ cdef void _head_span(int fmt, Py_ssize_t kv, Py_ssize_t h, Py_ssize_t H, Py_ssiz
     n[0] = P * row
 
 
-cdef inline void _prefetch_head(int fmt, const uint8_t* pay, Py_ssize_t h, Py_ssize_t H, Py_ssize_t P,
-                                Py_ssize_t D) noexcept nogil:
-    cdef Py_ssize_t kv, off, n, i
-    for kv in range(2):
-        _head_span(fmt, kv, h, H, P, D, &off, &n)
-        i = 0
-        while i < n:
-            __builtin_prefetch(pay + off + i, 0, 1)
-            i = i + 64
-
-
 cdef void _dec_head(int fmt, const uint8_t* pay, Py_ssize_t kv, Py_ssize_t h, Py_ssize_t nv,
                     Py_ssize_t H, Py_ssize_t P, Py_ssize_t D, float* dst) noexcept nogil:
     if fmt == I2 and kv == 0:
@@ -583,44 +548,112 @@ def decode_page(int fmt, const uint8_t[::1] payload, float[:, :, :, ::1] out) ->
 
 # ---- attention ------------------------------------------------------------------
 
-cdef void _block(const float* q0, Py_ssize_t qhs, Py_ssize_t G, const float* kb, const float* vb,
-                 Py_ssize_t nv, Py_ssize_t D, float scale, float* sc, Py_ssize_t ldsc, float* acc,
-                 float* mx, float* den) noexcept nogil:
-    """Online-softmax step of G query heads over nv keys (rows of kb / vb, stride D)."""
-    cdef Py_ssize_t g, jj
-    cdef float bm, c
-    of_qk(q0, qhs, G, kb, D, nv, D, scale, sc, ldsc)
-    for g in range(G):
-        bm = sc[g * ldsc]
-        for jj in range(1, nv):
-            if sc[g * ldsc + jj] > bm:
-                bm = sc[g * ldsc + jj]
-        if bm > mx[g]:
-            if mx[g] != -INFINITY:
-                c = expf(mx[g] - bm)
-                of_scal(acc + g * D, c, D)
-                den[g] = den[g] * c
-            mx[g] = bm
-        den[g] = den[g] + of_expsum(sc + g * ldsc, mx[g], nv)
-    of_pv(acc, D, G, sc, ldsc, vb, D, nv, D)
+cdef enum:
+    SUBKEYS = 16   # keys per code-kernel call; the next block's rows are prefetched in between
 
 
-cdef inline void _page_block(int fmt, const uint8_t* pay, const float* q0, Py_ssize_t qhs, Py_ssize_t G,
-                             Py_ssize_t h, Py_ssize_t nv, Py_ssize_t H, Py_ssize_t P, Py_ssize_t D,
-                             float scale, float* kbuf, float* vbuf, float* sc, float* acc, float* mx,
-                             float* den) noexcept nogil:
-    """One page's keys [0, nv) of KV head h: float32 pages in place, others decoded."""
-    cdef const float* kb
-    cdef const float* vb
+cdef inline void _prefetch_part(const uint8_t* pf, Py_ssize_t n, Py_ssize_t j0, Py_ssize_t j1,
+                                Py_ssize_t nv) noexcept nogil:
+    """Prefetch the share [j0, j1) of nv of the ``n`` bytes at ``pf`` (nothing for NULL)."""
+    cdef Py_ssize_t a = n * j0 // nv, b = n * j1 // nv
+    if pf == NULL:
+        return
+    while a < b:
+        __builtin_prefetch(pf + a, 0, 1)
+        a = a + 64
+
+
+cdef void _page_scores(int fmt, const uint8_t* pay, const float* q0, Py_ssize_t qhs, Py_ssize_t G,
+                       Py_ssize_t h, Py_ssize_t nv, Py_ssize_t H, Py_ssize_t P, Py_ssize_t D, float scale,
+                       float* kbuf, float* sc, Py_ssize_t ldsc, const uint8_t* pf,
+                       Py_ssize_t pfn) noexcept nogil:
+    """Scores ``sc[g * ldsc + j]`` of G query heads (stride qhs) against keys [0, nv) of KV
+    head h of one page: int8 and int4 on their codes, float32 in place, others decoded
+    into ``kbuf`` first. The ``pfn`` bytes at ``pf`` (keys the next block reads) are
+    prefetched along the way."""
+    cdef Py_ssize_t j, m, rs = 4 + D if fmt == I8 else (D // 32) * 18    # int8 / int4 row bytes
+    cdef const uint8_t* rows = pay + h * P * rs
+    if fmt == I8 or fmt == I4:
+        j = 0
+        while j < nv:
+            m = nv - j if nv - j < SUBKEYS else SUBKEYS
+            _prefetch_part(pf, pfn, j, j + m, nv)
+            if fmt == I8:
+                pg_qk_i8(q0, qhs, G, rows + j * rs, m, D, scale, sc + j, ldsc)
+            else:
+                pg_qk_i4(q0, qhs, G, rows + j * rs, m, D, scale, sc + j, ldsc)
+            j = j + m
+        return
+    _prefetch_part(pf, pfn, 0, 1, 1)
     if fmt == F32:
-        kb = <const float*>pay + h * P * D
-        vb = <const float*>pay + (H + h) * P * D
+        of_qk(q0, qhs, G, <const float*>pay + h * P * D, D, nv, D, scale, sc, ldsc)
     else:
         _dec_head(fmt, pay, 0, h, nv, H, P, D, kbuf)
+        of_qk(q0, qhs, G, kbuf, D, nv, D, scale, sc, ldsc)
+
+
+cdef void _page_values(int fmt, const uint8_t* pay, Py_ssize_t G, Py_ssize_t h, Py_ssize_t nv, Py_ssize_t H,
+                       Py_ssize_t P, Py_ssize_t D, const float* sc, Py_ssize_t ldsc, float* vbuf,
+                       float* acc, const uint8_t* pf, Py_ssize_t pfn) noexcept nogil:
+    """``acc[g, :] += sum_j sc[g * ldsc + j] * v_j`` over the values [0, nv) of KV head h of
+    one page (the same format split and prefetching as :func:`_page_scores`)."""
+    cdef Py_ssize_t j, m, rs = 4 + D if fmt == I8 else (D // 32) * 18    # int8 / int4 row bytes
+    cdef const uint8_t* rows = pay + (H + h) * P * rs
+    if fmt == I8 or fmt == I4:
+        j = 0
+        while j < nv:
+            m = nv - j if nv - j < SUBKEYS else SUBKEYS
+            _prefetch_part(pf, pfn, j, j + m, nv)
+            if fmt == I8:
+                pg_pv_i8(acc, D, G, sc + j, ldsc, rows + j * rs, m, D)
+            else:
+                pg_pv_i4(acc, D, G, sc + j, ldsc, rows + j * rs, m, D)
+            j = j + m
+        return
+    _prefetch_part(pf, pfn, 0, 1, 1)
+    if fmt == F32:
+        of_pv(acc, D, G, sc, ldsc, <const float*>pay + (H + h) * P * D, D, nv, D)
+    else:
         _dec_head(fmt, pay, 1, h, nv, H, P, D, vbuf)
-        kb = kbuf
-        vb = vbuf
-    _block(q0, qhs, G, kb, vb, nv, D, scale, sc, P, acc, mx, den)
+        of_pv(acc, D, G, sc, ldsc, vbuf, D, nv, D)
+
+
+cdef inline const uint8_t* _next_span(const int64_t* addr, const int32_t* fmts, Py_ssize_t pn, Py_ssize_t npg,
+                                      Py_ssize_t kv, Py_ssize_t h, Py_ssize_t H, Py_ssize_t P, Py_ssize_t D,
+                                      Py_ssize_t* n) noexcept nogil:
+    """Start and length ``n`` of head h's keys (kv 0) or values (kv 1) in page pn, or NULL
+    past the last page."""
+    cdef Py_ssize_t off
+    n[0] = 0
+    if pn >= npg:
+        return NULL
+    _head_span(fmts[pn], kv, h, H, P, D, &off, n)
+    return <const uint8_t*><size_t>addr[pn] + off
+
+
+cdef void _pages_block(const int64_t* addr, const int32_t* fmts, Py_ssize_t pb, Py_ssize_t pe, Py_ssize_t hi,
+                       const float* q0, Py_ssize_t qhs, Py_ssize_t G, Py_ssize_t h, Py_ssize_t H, Py_ssize_t P,
+                       Py_ssize_t D, float scale, float* kbuf, float* vbuf, float* sc, Py_ssize_t ldsc,
+                       float* acc, float* mx, float* den) noexcept nogil:
+    """One online-softmax block: G query heads over the keys of KV head h in pages
+    [pb, pe) (at most ``ldsc`` keys, the last page cut at ``hi``), any mix of formats,
+    while head h's rows of the next block's pages are prefetched."""
+    cdef Py_ssize_t pg, nv, rows = 0, pfn, npg = (hi + P - 1) // P
+    cdef const uint8_t* pf
+    for pg in range(pb, pe):
+        nv = hi - pg * P if hi - pg * P < P else P
+        pf = _next_span(addr, fmts, pg + pe - pb, npg, 0, h, H, P, D, &pfn)
+        _page_scores(fmts[pg], <const uint8_t*><size_t>addr[pg], q0, qhs, G, h, nv, H, P, D, scale, kbuf,
+                     sc + rows, ldsc, pf, pfn)
+        rows = rows + nv
+    pg_softmax(G, rows, sc, ldsc, acc, D, mx, den)
+    rows = 0
+    for pg in range(pb, pe):
+        nv = hi - pg * P if hi - pg * P < P else P
+        pf = _next_span(addr, fmts, pg + pe - pb, npg, 1, h, H, P, D, &pfn)
+        _page_values(fmts[pg], <const uint8_t*><size_t>addr[pg], G, h, nv, H, P, D, sc + rows, ldsc, vbuf,
+                     acc, pf, pfn)
+        rows = rows + nv
 
 
 cdef void _finish(Py_ssize_t G, Py_ssize_t D, Py_ssize_t hi, const float* acc, const float* den,
@@ -633,36 +666,34 @@ cdef void _finish(Py_ssize_t G, Py_ssize_t D, Py_ssize_t hi, const float* acc, c
             o0[g * ohs + d] = acc[g * D + d] * inv
 
 
+cdef inline Py_ssize_t _block_keys(Py_ssize_t P) noexcept nogil:
+    """Keys per online-softmax block: whole pages, at least 64 keys when pages are smaller
+    (small pages are gathered so a block's fixed cost is shared)."""
+    return P * (64 // P) if P < 64 else P
+
+
 cdef void _attend(const float* q0, Py_ssize_t qhs, Py_ssize_t G, const int64_t* addr,
                   const int32_t* fmts, Py_ssize_t h, Py_ssize_t hi, Py_ssize_t H, Py_ssize_t P,
                   Py_ssize_t D, float scale, float* ws, float* o0, Py_ssize_t ohs) noexcept nogil:
-    """G query heads (stride qhs) over keys [0, hi) of KV head h, page after page."""
+    """G query heads (stride qhs) over keys [0, hi) of KV head h, block after block."""
+    cdef Py_ssize_t KB = _block_keys(P), ppb = KB // P
     cdef float* kbuf = ws
-    cdef float* vbuf = ws + P * D
-    cdef float* sc = ws + 2 * P * D
-    cdef float* acc = sc + MAXG_ * P
+    cdef float* vbuf = ws + KB * D
+    cdef float* sc = ws + 2 * KB * D
+    cdef float* acc = sc + MAXG_ * KB
     cdef float* mx = acc + MAXG_ * D
     cdef float* den = mx + MAXG_
-    cdef Py_ssize_t g, pg, nv, npg = (hi + P - 1) // P
+    cdef Py_ssize_t g, pb, pe, npg = (hi + P - 1) // P
     for g in range(G):
         mx[g] = -INFINITY
         den[g] = 0.0
     memset(acc, 0, G * D * 4)
-    for pg in range(npg):
-        nv = hi - pg * P
-        if nv > P:
-            nv = P
-        if pg + 1 < npg:
-            _prefetch_head(fmts[pg + 1], <const uint8_t*><size_t>addr[pg + 1], h, H, P, D)
-        _page_block(fmts[pg], <const uint8_t*><size_t>addr[pg], q0, qhs, G, h, nv, H, P, D, scale,
-                    kbuf, vbuf, sc, acc, mx, den)
+    pb = 0
+    while pb < npg:
+        pe = pb + ppb if pb + ppb < npg else npg
+        _pages_block(addr, fmts, pb, pe, hi, q0, qhs, G, h, H, P, D, scale, kbuf, vbuf, sc, KB, acc, mx, den)
+        pb = pe
     _finish(G, D, hi, acc, den, o0, ohs)
-
-
-cdef inline Py_ssize_t _block_keys(Py_ssize_t P) noexcept nogil:
-    """Keys per online-softmax block of the one-token path: whole pages, at least 64 keys
-    when pages are smaller (small pages are gathered so a block's fixed cost is shared)."""
-    return P * (64 // P) if P < 64 else P
 
 
 ctypedef struct _PagesJob:
@@ -693,8 +724,7 @@ cdef void _attend_pages(const float* q, Py_ssize_t G, const int64_t* addr, const
                         Py_ssize_t h0, Py_ssize_t h1, Py_ssize_t hi, Py_ssize_t H, Py_ssize_t P,
                         Py_ssize_t D, float scale, float* ws, float* out) noexcept nogil:
     """One query token, KV heads [h0, h1): blocks of pages outer, heads inner, so the
-    pages are read front to back once. A block of one float32 page is read in place;
-    otherwise the block's rows of one head are decoded into the workspace."""
+    pages are read front to back once."""
     cdef Py_ssize_t KB = _block_keys(P), ppb = KB // P
     cdef float* kbuf = ws
     cdef float* vbuf = ws + KB * D
@@ -703,9 +733,7 @@ cdef void _attend_pages(const float* q, Py_ssize_t G, const int64_t* addr, const
     cdef float* acc = sc + MAXG_ * KB
     cdef float* mx = acc + R * D
     cdef float* den = mx + R
-    cdef Py_ssize_t r, pb, pg, pe, nv, rows, h, npg = (hi + P - 1) // P
-    cdef const uint8_t* pay
-    cdef int allf32
+    cdef Py_ssize_t r, pb, pg, pe, h, npg = (hi + P - 1) // P
     for r in range(R):
         mx[r] = -INFINITY
         den[r] = 0.0
@@ -715,26 +743,8 @@ cdef void _attend_pages(const float* q, Py_ssize_t G, const int64_t* addr, const
         pe = pb + ppb if pb + ppb < npg else npg
         for h in range(h0, h1):
             r = (h - h0) * G
-            for pg in range(pe, pe + ppb if pe + ppb < npg else npg):
-                _prefetch_head(fmts[pg], <const uint8_t*><size_t>addr[pg], h, H, P, D)
-            allf32 = 1
-            for pg in range(pb, pe):
-                if fmts[pg] != F32:
-                    allf32 = 0
-            if allf32:   # float32 pages: in place, page by page
-                for pg in range(pb, pe):
-                    nv = hi - pg * P if hi - pg * P < P else P
-                    _page_block(F32, <const uint8_t*><size_t>addr[pg], q + h * G * D, D, G, h, nv, H, P,
-                                D, scale, kbuf, vbuf, sc, acc + r * D, mx + r, den + r)
-                continue
-            rows = 0
-            for pg in range(pb, pe):
-                nv = hi - pg * P if hi - pg * P < P else P
-                pay = <const uint8_t*><size_t>addr[pg]
-                _dec_head(fmts[pg], pay, 0, h, nv, H, P, D, kbuf + rows * D)
-                _dec_head(fmts[pg], pay, 1, h, nv, H, P, D, vbuf + rows * D)
-                rows = rows + nv
-            _block(q + h * G * D, D, G, kbuf, vbuf, rows, D, scale, sc, KB, acc + r * D, mx + r, den + r)
+            _pages_block(addr, fmts, pb, pe, hi, q + h * G * D, D, G, h, H, P, D, scale, kbuf, vbuf, sc, KB,
+                         acc + r * D, mx + r, den + r)
         pb = pe
     for h in range(h0, h1):
         r = (h - h0) * G
