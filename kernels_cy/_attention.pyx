@@ -38,6 +38,7 @@ cdef enum:
     BLK = 64       # keys per block of the online softmax
     MAXD = 256     # largest supported head_dim
     SPLIT_KEYS = 512   # keys per task of a one-token attention split along the keys
+    PREFETCH_BYTES = 1024 * 1024   # K and V bytes of a call from which the next block is prefetched
 
 MAX_HEAD_DIM = MAXD
 
@@ -45,10 +46,12 @@ MAX_HEAD_DIM = MAXD
 cdef void _attend_group(const float* q0, Py_ssize_t qhs, Py_ssize_t G,
                         const float* kb, Py_ssize_t ks, const float* vb, Py_ssize_t vs,
                         Py_ssize_t lo, Py_ssize_t hi, Py_ssize_t D, float scale, float softcap,
-                        float* o0, Py_ssize_t ohs, float* part=NULL) noexcept nogil:
+                        float* o0, Py_ssize_t ohs, float* part, bint stream) noexcept nogil:
     """G query heads over keys [lo, hi): the normalized output rows ``o0`` (``ohs`` floats
     apart), or with ``part`` the softmax state of this key range, ``D + 2`` floats per head
-    (running max, denominator, unnormalized output) for :func:`_merge_parts`."""
+    (running max, denominator, unnormalized output) for :func:`_merge_parts`. ``stream``:
+    the call reads enough K and V rows to come from memory, so the next block is
+    prefetched (for rows the caches hold, the prefetches only cost)."""
     cdef float sc[MAXG][BLK]
     cdef float acc[MAXG][MAXD]
     cdef float mx[MAXG]
@@ -68,7 +71,7 @@ cdef void _attend_group(const float* q0, Py_ssize_t qhs, Py_ssize_t G,
             nb = BLK
         # the next block's key and value rows, one cache line at a time (two streams that
         # the hardware prefetcher follows poorly once the cache is larger than L2)
-        pn = hi - j0 - nb
+        pn = hi - j0 - nb if stream else 0
         if pn > BLK:
             pn = BLK
         for pf in range(pn):
@@ -82,10 +85,7 @@ cdef void _attend_group(const float* q0, Py_ssize_t qhs, Py_ssize_t G,
             if softcap > 0.0:
                 for jj in range(nb):
                     sc[g][jj] = softcap * tanhf(sc[g][jj] / softcap)
-            bm = sc[g][0]
-            for jj in range(1, nb):
-                if sc[g][jj] > bm:
-                    bm = sc[g][jj]
+            bm = of_maxf(&sc[g][0], nb)
             if bm > mx[g]:
                 if mx[g] != -INFINITY:
                     c = expf(mx[g] - bm)
@@ -150,6 +150,7 @@ ctypedef struct _GqaJob:
     Py_ssize_t D
     float scale
     float softcap
+    bint stream
 
 
 cdef void _gqa_item(void* ctx, long item) noexcept nogil:
@@ -172,7 +173,8 @@ cdef void _gqa_item(void* ctx, long item) noexcept nogil:
             nh = MAXG
         _attend_group(<const float*>(j.qp + b * j.qst[0] + s * j.qst[1] + h0 * j.qst[2]), j.qst[2] // 4,
                       nh, kb, j.kst[2] // 4, vb, j.vst[2] // 4, lo, hi, j.D, j.scale, j.softcap,
-                      <float*>(j.op + b * j.ost[0] + s * j.ost[1] + h0 * j.ost[2]), j.ost[2] // 4)
+                      <float*>(j.op + b * j.ost[0] + s * j.ost[1] + h0 * j.ost[2]), j.ost[2] // 4, NULL,
+                      j.stream)
         h0 = h0 + nh
 
 
@@ -243,6 +245,7 @@ def gqa_attention(q, k_cache, v_cache, total_len, out, float scale=0.0, *, int l
     job.D = D
     job.scale = scale
     job.softcap = softcap
+    job.stream = B * Hkv * maxtot * D * 8 >= PREFETCH_BYTES
     with nogil:
         of_pool_parallel_for(B * Hkv * S, _gqa_item, &job, nt)
     return out
@@ -310,6 +313,7 @@ ctypedef struct _SplitJob:
     float scale
     float softcap
     float* parts
+    bint stream
 
 
 cdef void _split_item(void* ctx, long item) noexcept nogil:
@@ -323,7 +327,7 @@ cdef void _split_item(void* ctx, long item) noexcept nogil:
     _attend_group(<const float*>(j.qp + g * j.grp * j.qhs), j.qhs // 4, j.grp,
                   <const float*>(j.kp + g * j.kst[1]), j.kst[2] // 4, <const float*>(j.vp + g * j.vst[1]),
                   j.vst[2] // 4, lo, hi, j.D, j.scale, j.softcap, NULL, 0,
-                  j.parts + item * j.grp * (j.D + 2))
+                  j.parts + item * j.grp * (j.D + 2), j.stream)
 
 
 cdef void _merge_parts(const float* parts, Py_ssize_t Hkv, Py_ssize_t nchunks, Py_ssize_t grp, Py_ssize_t D,
@@ -383,6 +387,7 @@ cdef void _attend_one(const char* qp, cnp.npy_intp qhs, const char* kcp, cnp.npy
             sj.D = D
             sj.scale = scale
             sj.softcap = softcap
+            sj.stream = Hkv * total * D * 8 >= PREFETCH_BYTES
             of_pool_parallel_for(Hkv * nchunks, _split_item, &sj, nt)
             _merge_parts(sj.parts, Hkv, nchunks, Hq // Hkv, D, outp)
             free(sj.parts)
@@ -415,6 +420,7 @@ cdef void _attend_one(const char* qp, cnp.npy_intp qhs, const char* kcp, cnp.npy
     job.D = D
     job.scale = scale
     job.softcap = softcap
+    job.stream = Hkv * total * D * 8 >= PREFETCH_BYTES
     of_pool_parallel_for(Hkv, _gqa_item, &job, nt)
 
 

@@ -159,37 +159,48 @@ static OF_TARGET_AVX2 inline OF_AXPY_SIG(of_axpy_avx2) {
     for (; i < n; ++i) y[i] += alpha * x[i];
 }
 static OF_TARGET_AVX2 OF_SCAL_SIG(of_scal_avx2) OF_SCAL_BODY
-static OF_TARGET_AVX2 OF_EXPSUM_SIG(of_expsum_avx2) {
-    /* the same polynomial as OF_EXPSUM_BODY, eight lanes at a time */
-    const __m256 vm = _mm256_set1_ps(m);
+static OF_TARGET_AVX2 inline __m256 of_exp8_avx2(__m256 v) {
+    /* e^v lane by lane, the polynomial of OF_EXPSUM_BODY (v clamped to [-87, 88]) */
     const __m256 lo = _mm256_set1_ps(-87.0f), hi = _mm256_set1_ps(88.0f);
     const __m256 log2e = _mm256_set1_ps(1.44269504088896341f);
     const __m256 magic = _mm256_set1_ps(12582912.0f);
     const __m256 c1 = _mm256_set1_ps(0.693359375f), c2 = _mm256_set1_ps(-2.12194440e-4f);
     const __m256 one = _mm256_set1_ps(1.0f);
+    v = _mm256_min_ps(_mm256_max_ps(v, lo), hi);
+    __m256 t = _mm256_fmadd_ps(v, log2e, magic);
+    __m256 kk = _mm256_sub_ps(t, magic);
+    __m256 r = _mm256_fnmadd_ps(kk, c1, v);
+    r = _mm256_fnmadd_ps(kk, c2, r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, _mm256_add_ps(r, one));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(kk), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+static OF_TARGET_AVX2 OF_EXPSUM_SIG(of_expsum_avx2) {
+    /* eight lanes at a time; the last partial vector through a lane mask, so the whole
+     * call stays in AVX code (no call into the baseline's SSE code and its transition) */
+    const __m256 vm = _mm256_set1_ps(m);
     __m256 total = _mm256_setzero_ps();
     ptrdiff_t i = 0;
     for (; i + 8 <= n; i += 8) {
-        __m256 v = _mm256_sub_ps(_mm256_loadu_ps(x + i), vm);
-        v = _mm256_min_ps(_mm256_max_ps(v, lo), hi);
-        __m256 t = _mm256_fmadd_ps(v, log2e, magic);
-        __m256 kk = _mm256_sub_ps(t, magic);
-        __m256 r = _mm256_fnmadd_ps(kk, c1, v);
-        r = _mm256_fnmadd_ps(kk, c2, r);
-        __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-        p = _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, _mm256_add_ps(r, one));
-        __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(kk), _mm256_set1_epi32(127)), 23);
-        __m256 y = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+        __m256 y = of_exp8_avx2(_mm256_sub_ps(_mm256_loadu_ps(x + i), vm));
         _mm256_storeu_ps(x + i, y);
         total = _mm256_add_ps(total, y);
     }
-    float rest = of_expsum_base(x + i, m, n - i);
-    return of_hsum256(total) + rest;
+    if (i < n) {
+        const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(n - i)), lane);
+        __m256 y = of_exp8_avx2(_mm256_sub_ps(_mm256_maskload_ps(x + i, mask), vm));
+        y = _mm256_and_ps(y, _mm256_castsi256_ps(mask));
+        _mm256_maskstore_ps(x + i, mask, y);
+        total = _mm256_add_ps(total, y);
+    }
+    return of_hsum256(total);
 }
 static OF_TARGET_AVX2 OF_DEQ4_SIG(of_deq4_avx2) {
     ptrdiff_t kb, c, i;
@@ -442,6 +453,49 @@ static inline void of_scal(float* y, float alpha, ptrdiff_t n) {
 }
 static inline float of_expsum(float* x, float m, ptrdiff_t n) {
     return OF_DISPATCH(of_expsum_base, of_expsum_avx2, x, m, n);
+}
+
+/* The largest of x[0..n) (n >= 1): eight (sixteen) independent lanes instead of one
+ * dependent chain of comparisons; a NaN is skipped unless every value is NaN. */
+static float of_maxf_base(const float* x, ptrdiff_t n) {
+    float l[16];
+    ptrdiff_t i, j;
+    float m = x[0];
+    if (n < 16) {
+        for (i = 1; i < n; ++i) m = x[i] > m ? x[i] : m;
+        return m;
+    }
+    for (j = 0; j < 16; ++j) l[j] = x[j];
+    for (i = 16; i + 16 <= n; i += 16)
+        for (j = 0; j < 16; ++j) l[j] = x[i + j] > l[j] ? x[i + j] : l[j];
+    for (; i < n; ++i) l[0] = x[i] > l[0] ? x[i] : l[0];
+    m = l[0];
+    for (j = 1; j < 16; ++j) m = l[j] > m ? l[j] : m;
+    return m;
+}
+#if OF_HAVE_AVX2_CLONE
+static OF_TARGET_AVX2 float of_maxf_avx2(const float* x, ptrdiff_t n) {
+    float m0 = x[0];
+    if (n < 16) {  /* inline: no call into the baseline's SSE code */
+        for (ptrdiff_t j = 1; j < n; ++j) m0 = x[j] > m0 ? x[j] : m0;
+        return m0;
+    }
+    __m256 a = _mm256_loadu_ps(x), b = _mm256_loadu_ps(x + 8);
+    ptrdiff_t i = 16;
+    for (; i + 16 <= n; i += 16) {  /* max(new, old): a NaN in x keeps the old lane */
+        a = _mm256_max_ps(_mm256_loadu_ps(x + i), a);
+        b = _mm256_max_ps(_mm256_loadu_ps(x + i + 8), b);
+    }
+    float l[8];
+    _mm256_storeu_ps(l, _mm256_max_ps(a, b));
+    float m = l[0];
+    for (ptrdiff_t j = 1; j < 8; ++j) m = l[j] > m ? l[j] : m;
+    for (; i < n; ++i) m = x[i] > m ? x[i] : m;
+    return m;
+}
+#endif
+static inline float of_maxf(const float* x, ptrdiff_t n) {
+    return OF_DISPATCH(of_maxf_base, of_maxf_avx2, x, n);
 }
 static inline void of_deq4(const uint8_t* codes, const float* scales, const uint8_t* zp_packed,
                            const float* zp_float, float* dst, ptrdiff_t k, ptrdiff_t block_size) {
