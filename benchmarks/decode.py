@@ -127,10 +127,14 @@ def _genai_time(folder: Path, ctx: int, vocab: int, warm: int, steps: int) -> fl
 
     model = og.Model(str(folder))
     prompt = np.random.default_rng(0).integers(0, vocab, size=ctx).astype(np.int32)
+    limit = int(json.loads((folder / "genai_config.json").read_text())["model"].get("context_length", 1 << 30))
+    # each generator serves either the warm-up or the timed steps, never both
+    steps = min(steps, limit - ctx - 2)
+    max_length = min(ctx + max(warm, steps + 1) + 1, limit)
 
     def fresh() -> Any:
         params = og.GeneratorParams(model)
-        params.set_search_options(max_length=ctx + warm + steps + 8, do_sample=False)
+        params.set_search_options(max_length=max_length, do_sample=False)
         gen = og.Generator(model, params)
         gen.append_tokens(prompt)
         return gen
