@@ -472,11 +472,6 @@ static PG_TARGET void pg_pv_i4_avx2(float* acc, ptrdiff_t ldacc, ptrdiff_t G, co
 /* pg_softmax_base with eight lanes: vector maximum, rescale and exponentials */
 static PG_TARGET void pg_softmax_avx2(ptrdiff_t G, ptrdiff_t nv, float* sc, ptrdiff_t ldsc, float* acc,
                                       ptrdiff_t D, float* mx, float* den) {
-    const __m256 lo = _mm256_set1_ps(-87.0f);
-    const __m256 log2e = _mm256_set1_ps(1.44269504088896341f);
-    const __m256 magic = _mm256_set1_ps(12582912.0f);
-    const __m256 c1 = _mm256_set1_ps(0.693359375f), c2 = _mm256_set1_ps(-2.12194440e-4f);
-    const __m256 one = _mm256_set1_ps(1.0f);
     ptrdiff_t g, j;
     for (g = 0; g < G; ++g) {
         float* s = sc + g * ldsc;
@@ -506,19 +501,7 @@ static PG_TARGET void pg_softmax_avx2(ptrdiff_t G, ptrdiff_t nv, float* sc, ptrd
         const __m256 vm = _mm256_set1_ps(mx[g]);
         __m256 total = _mm256_setzero_ps();
         for (j = 0; j + 8 <= nv; j += 8) {
-            __m256 v = _mm256_max_ps(_mm256_sub_ps(_mm256_loadu_ps(s + j), vm), lo);
-            __m256 kk = _mm256_sub_ps(_mm256_fmadd_ps(v, log2e, magic), magic);
-            __m256 r = _mm256_fnmadd_ps(kk, c1, v);
-            r = _mm256_fnmadd_ps(kk, c2, r);
-            __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-            p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-            p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-            p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-            p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-            p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-            p = _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, _mm256_add_ps(r, one));
-            __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(kk), _mm256_set1_epi32(127)), 23);
-            __m256 y = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+            __m256 y = of_exp8_avx2(_mm256_sub_ps(_mm256_loadu_ps(s + j), vm));  /* the kernels' e^x */
             _mm256_storeu_ps(s + j, y);
             total = _mm256_add_ps(total, y);
         }
