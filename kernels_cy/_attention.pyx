@@ -472,8 +472,6 @@ def gqa_decode(q, k, v, k_cache, v_cache, Py_ssize_t position, cos, sin, out, fl
     cdef int nt = _threads(num_threads, kn)
     if Hq == 0 or D == 0:
         return out
-    if scale == 0.0:
-        scale = 1.0 / sqrtf(<float>D)
     _decode_step(<const char*>cnp.PyArray_DATA(qa), cnp.PyArray_STRIDES(qa)[2],
                  <const char*>cnp.PyArray_DATA(ka), cnp.PyArray_STRIDES(ka)[2],
                  <const char*>cnp.PyArray_DATA(va), cnp.PyArray_STRIDES(va)[2],
@@ -540,6 +538,15 @@ cdef class GqaOneToken:
 
     def __call__(self, q, k=None, v=None, past_k=None, past_v=None, seqlens_k=None, total_len=None,
                  cos_cache=None, sin_cache=None, position_ids=None, attention_bias=None, head_sink=None):
+        if position_ids is None and attention_bias is None and head_sink is None:
+            got = self._step(q, k, v, past_k, past_v, seqlens_k, total_len, cos_cache, sin_cache)
+            if got is not None:
+                return got
+        return self.fallback(q, k, v, past_k, past_v, seqlens_k, total_len, cos_cache, sin_cache,
+                             position_ids, attention_bias, head_sink)
+
+    cdef object _step(self, q, k, v, past_k, past_v, seqlens_k, total_len, cos_cache, sin_cache):
+        """The decode step, or None when the operands need the general path."""
         cdef Py_ssize_t nq = self.nq, nkv = self.nkv, W, D, cap, plen, half = 0, h
         cdef int64_t seqk, total
         cdef const char* qp
@@ -549,19 +556,17 @@ cdef class GqaOneToken:
         cdef const float* sr = NULL
         cdef cnp.ndarray qa, ka, va, pka, pva, pk, pv, out
         cdef cnp.npy_intp dims[4]
-        if (position_ids is not None or attention_bias is not None or head_sink is not None
-                or not _f32_rows(q, 3) or not _f32_rows(past_k, 4) or not _f32_rows(past_v, 4)
+        if (not _f32_rows(q, 3) or not _f32_rows(past_k, 4) or not _f32_rows(past_v, 4)
                 or not _one_int(seqlens_k, &seqk) or not _one_int(total_len, &total)):
-            return self.fallback(q, k, v, past_k, past_v, seqlens_k, total_len, cos_cache, sin_cache,
-                                 position_ids, attention_bias, head_sink)
+            return None
         qa = <cnp.ndarray>q
         W = qa.shape[2]
         if qa.shape[0] != 1 or qa.shape[1] != 1:
-            return self.fallback(q, k, v, past_k, past_v, seqlens_k, total_len, cos_cache, sin_cache)
+            return None
         if k is None and v is None:  # packed QKV
             D = W // (nq + 2 * nkv)
             if D * (nq + 2 * nkv) != W:
-                return self.fallback(q, k, v, past_k, past_v, seqlens_k, total_len, cos_cache, sin_cache)
+                return None
             qp = <const char*>cnp.PyArray_DATA(qa)
             kp = qp + nq * D * 4
             vp = kp + nkv * D * 4
@@ -569,7 +574,7 @@ cdef class GqaOneToken:
             D = W // nq
             if (D * nq != W or not _f32_rows(k, 3) or not _f32_rows(v, 3)
                     or cnp.PyArray_SIZE(<cnp.ndarray>k) != nkv * D or cnp.PyArray_SIZE(<cnp.ndarray>v) != nkv * D):
-                return self.fallback(q, k, v, past_k, past_v, seqlens_k, total_len, cos_cache, sin_cache)
+                return None
             qp = <const char*>cnp.PyArray_DATA(qa)
             kp = <const char*>cnp.PyArray_DATA(<cnp.ndarray>k)
             vp = <const char*>cnp.PyArray_DATA(<cnp.ndarray>v)
@@ -579,18 +584,18 @@ cdef class GqaOneToken:
         if (D == 0 or D > MAXD or nq % nkv != 0 or nq // nkv > MAXG or pka.shape[0] != 1 or pka.shape[1] != nkv
                 or pka.shape[3] != D or pva.shape[0] != 1 or pva.shape[1] != nkv or pva.shape[2] != cap
                 or pva.shape[3] != D):
-            return self.fallback(q, k, v, past_k, past_v, seqlens_k, total_len, cos_cache, sin_cache)
+            return None
         cdef Py_ssize_t position = seqk if seqk > 0 else 0  # valid length seqlens_k + 1, one new token
         if self.rotary:
             if (not _f32_rows(cos_cache, 2) or not _f32_rows(sin_cache, 2)
                     or not cnp.PyArray_IS_C_CONTIGUOUS(<cnp.ndarray>cos_cache)
                     or not cnp.PyArray_IS_C_CONTIGUOUS(<cnp.ndarray>sin_cache)):
-                return self.fallback(q, k, v, past_k, past_v, seqlens_k, total_len, cos_cache, sin_cache)
+                return None
             half = (<cnp.ndarray>cos_cache).shape[1]
             if (position >= (<cnp.ndarray>cos_cache).shape[0] or 2 * half > D
                     or (<cnp.ndarray>sin_cache).shape[0] != (<cnp.ndarray>cos_cache).shape[0]
                     or (<cnp.ndarray>sin_cache).shape[1] != half):
-                return self.fallback(q, k, v, past_k, past_v, seqlens_k, total_len, cos_cache, sin_cache)
+                return None
             cr = <const float*>cnp.PyArray_DATA(<cnp.ndarray>cos_cache) + position * half
             sr = <const float*>cnp.PyArray_DATA(<cnp.ndarray>sin_cache) + position * half
         record = None
@@ -599,13 +604,13 @@ cdef class GqaOneToken:
                 raise CacheRangeError(f"{self.where}: new tokens at {[position]} + 1 exceed the buffer "
                                       f"capacity {cap}")
             if not cnp.PyArray_ISWRITEABLE(pka) or not cnp.PyArray_ISWRITEABLE(pva):
-                return self.fallback(q, k, v, past_k, past_v, seqlens_k, total_len, cos_cache, sin_cache)
+                return None
             record = self.floors(past_k, past_v, position, 1)
             pk, pv = pka, pva
         else:
             plen = total if total > cap else cap
             if position + 1 > plen or position > cap:
-                return self.fallback(q, k, v, past_k, past_v, seqlens_k, total_len, cos_cache, sin_cache)
+                return None
             dims[0] = 1
             dims[1] = nkv
             dims[2] = plen

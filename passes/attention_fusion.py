@@ -56,7 +56,7 @@ from onnx import TensorProto
 from onnxforge.graphbuilder.ir import Model, Value
 from onnxforge.graphbuilder.opschemas import get_schema
 from onnxforge.passes.dce import eliminate_dead_code
-from onnxforge.passes.domains import is_default_domain
+from onnxforge.passes.domains import default_domain_key, is_default_domain
 from onnxforge.passes.rewrite import Const, Match, Pattern, Rule, RuleTable, apply_rules
 from onnxforge.proto_ext.errors import OnnxforgeError
 from onnxforge.proto_ext.types import TensorType
@@ -297,7 +297,7 @@ def fuse_attention(model: Model) -> int:
                                    f"opset {ATTENTION_OPSET}, so the model is left as it is")
     if count:
         eliminate_dead_code(model)
-        key = "ai.onnx" if "ai.onnx" in model.opset_imports and "" not in model.opset_imports else ""
+        key = default_domain_key(model.opset_imports)
         if model.opset_imports.get(key, 0) < ATTENTION_OPSET:
             model.opset_imports[key] = ATTENTION_OPSET
     return count

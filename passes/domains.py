@@ -18,6 +18,7 @@ from onnxforge.graphbuilder.ir import Function, Graph, Model
 __all__ = [
     "DEFAULT_DOMAINS",
     "canonical_domain",
+    "default_domain_key",
     "imported_version",
     "is_default_domain",
     "opsets_in_scope",
@@ -34,6 +35,12 @@ def canonical_domain(domain: str) -> str:
 
 def is_default_domain(domain: str) -> bool:
     return domain == "" or domain == "ai.onnx"
+
+
+def default_domain_key(opsets: Mapping[str, int]) -> str:
+    """The spelling under which ``opsets`` imports the default domain: ``"ai.onnx"`` when
+    only that one is there, else ``""`` (also the key to add it under)."""
+    return "ai.onnx" if "ai.onnx" in opsets and "" not in opsets else ""
 
 
 def imported_version(opsets: Mapping[str, int], domain: str) -> int | None:

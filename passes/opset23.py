@@ -41,6 +41,7 @@ from onnxforge.passes.attention_fusion import (
     opset_problem,
 )
 from onnxforge.passes.dce import eliminate_dead_code
+from onnxforge.passes.domains import default_domain_key
 from onnxforge.passes.manager import Pass, PassResult, register_pass
 from onnxforge.passes.rewrite import Const, Match, Pattern, Rule, RuleTable, apply_rules
 from onnxforge.passes.shape_fold import LazyShapes
@@ -170,18 +171,14 @@ the ``fusion`` pass applies it in models that import opset 23, once ``slice_spli
 the halves one ``Split``."""
 
 
-def _default_opset(model: Model) -> tuple[str, int | None]:
-    key = "ai.onnx" if "ai.onnx" in model.opset_imports and "" not in model.opset_imports else ""
-    return key, model.opset_imports.get(key)
-
-
 def fuse_to_opset23(model: Model, *, raise_opset: bool = False, shapes=None) -> int:
     """Apply :data:`OPSET23_RULES` to ``model`` (in place); returns the number of fusions.
 
     Below opset 23 nothing happens unless ``raise_opset``; then the default-domain import
     becomes 23 when something fused, or :class:`AttentionFusionError` is raised (nothing
     changed) when another operator would change meaning."""
-    key, current = _default_opset(model)
+    key = default_domain_key(model.opset_imports)
+    current = model.opset_imports.get(key)
     if current is None:
         return 0
     if current < ATTENTION_OPSET:

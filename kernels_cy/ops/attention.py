@@ -538,15 +538,6 @@ class GroupQueryAttention(Kernel):
             if p0 + s < plen:
                 pk[:, :, p0 + s:] = 0
                 pv[:, :, p0 + s:] = 0
-        if s == 1 and fast.gqa_decode is not None and (not self.rotary or p0 < cos_cache.shape[0]):
-            # one token: rotation, cache writes and attention in one compiled call
-            out = np.empty((1, 1, self.nq, h), dtype=F32)
-            fast.gqa_decode(qs, ks, vs, pk, pv, p0, cos_cache if self.rotary else None,
-                            sin_cache if self.rotary else None, out, self.scale, softcap=self.softcap,
-                            interleaved=self.interleaved, num_threads=self.threads)
-            self._wrote(ctx, pk, pv, p0 + 1)
-            y = out.reshape(1, 1, self.nq * h)
-            return (y, pk, pv)[:self.n_out] if self.n_out > 1 else y
         self._start[0] = p0
         kdst = pk[:, :, p0:p0 + s].transpose(0, 2, 1, 3)
         if self.rotary:
