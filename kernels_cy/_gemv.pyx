@@ -38,7 +38,7 @@ cdef extern from "_gemv.h" nogil:
                       Py_ssize_t k0, Py_ssize_t k1, Py_ssize_t j0, Py_ssize_t j1)
 
 
-__all__ = ["COLUMN_BLOCK", "PARALLEL_BYTES", "OneRowMatMul", "gemv"]
+__all__ = ["COLUMN_BLOCK", "PARALLEL_BYTES", "OneRowMatMul", "OneRowSwiGLU", "gemv", "swiglu_row"]
 
 cdef enum:
     CB = 2048
@@ -166,3 +166,172 @@ cdef class OneRowMatMul:
                                self.threads)
                     return out
         return self.fallback(a, b)
+
+
+# -- the gated unit of a decoder's MLP on one row --------------------------------------
+
+ctypedef struct _PairJob:
+    const float* x
+    const float* w0
+    const float* w1
+    Py_ssize_t ldw0
+    Py_ssize_t ldw1
+    float* y0
+    float* y1
+    float* parts
+    Py_ssize_t K
+    Py_ssize_t N
+    Py_ssize_t nb
+    Py_ssize_t nk
+    Py_ssize_t kchunk
+
+
+cdef void _pair_task(void* ctx, long i) noexcept nogil:
+    """Item ``i`` of the two products x @ W0 and x @ W1: the first ``nb * nk`` items are
+    W0's column blocks and row chunks, the rest W1's."""
+    cdef _PairJob* j = <_PairJob*>ctx
+    cdef Py_ssize_t per = j.nb * j.nk
+    cdef int p = i >= per
+    if p:
+        i -= per
+    cdef Py_ssize_t b = i % j.nb, c = i // j.nb
+    cdef Py_ssize_t j0 = b * CB, j1 = j0 + CB, k0 = c * j.kchunk, k1 = k0 + j.kchunk
+    if j1 > j.N:
+        j1 = j.N
+    if k1 > j.K:
+        k1 = j.K
+    cdef float* dst
+    if c == 0:
+        dst = j.y1 if p else j.y0
+    else:
+        dst = j.parts + ((p * (j.nk - 1)) + c - 1) * j.N
+    if k0 >= k1:
+        for b in range(j0, j1):
+            dst[b] = 0.0
+        return
+    of_gemv_rows(j.x, j.w1 if p else j.w0, j.ldw1 if p else j.ldw0, dst, k0, k1, j0, j1)
+
+
+cdef int _swiglu_core(const float* x, const float* wg, Py_ssize_t ldg, const float* wu, Py_ssize_t ldu,
+                      float* out, Py_ssize_t K, Py_ssize_t N, int threads) except -1:
+    """``out = (g * sigmoid(g)) * u`` with ``g = x @ Wg`` and ``u = x @ Wu``: both products
+    in one pass of the pool, then the gate on the calling thread. Every float operation is
+    the one the unfused kernels do, in the same order (``gemv``, ``_softmax.sigmoid``,
+    two float32 products, each product's rows split as :func:`gemv` splits them on
+    ``threads``), so the result is bitwise the same as theirs on as many threads."""
+    if N == 0:
+        return 0
+    cdef _PairJob job
+    job.x = x
+    job.w0 = wg
+    job.w1 = wu
+    job.ldw0 = ldg
+    job.ldw1 = ldu
+    job.K = K
+    job.N = N
+    job.nb = (N + CB - 1) // CB
+    # each product is split as gemv splits it (the same partial sums, so the same bits)
+    cdef int t = threads if K * N * 4 >= PARALLEL_BYTES else 1
+    cdef Py_ssize_t nk = 1, i, c
+    if t > 1 and job.nb < t:
+        nk = t // job.nb
+    job.kchunk = ((K + nk - 1) // nk + 3) // 4 * 4 if nk > 1 else K
+    if nk > 1:
+        nk = (K + job.kchunk - 1) // job.kchunk
+    job.nk = nk
+    # scratch: g, u, the gate's exponentials, then the partial rows of both products
+    cdef float* scratch = of_gemv_parts((3 + 2 * (nk - 1)) * N)
+    if scratch == NULL:
+        raise MemoryError(f"swiglu: cannot allocate {(3 + 2 * (nk - 1)) * N * 4} bytes of scratch")
+    job.y0 = scratch
+    job.y1 = scratch + N
+    cdef float* e = scratch + 2 * N
+    job.parts = scratch + 3 * N
+    cdef float s, a
+    with nogil:
+        of_pool_parallel_for(2 * job.nb * nk, _pair_task, &job, t)
+        for c in range(nk - 1):
+            for i in range(N):
+                job.y0[i] += job.parts[c * N + i]
+            for i in range(N):
+                job.y1[i] += job.parts[((nk - 1) + c) * N + i]
+        # the Sigmoid kernel's steps: e = exp(-g) by the shared polynomial, s = 1 / (1 + e)
+        # in double rounded to float; then Mul(g, s) and Mul(., u) in float32
+        for i in range(N):
+            e[i] = -job.y0[i]
+        of_expsum(e, 0.0, N)
+        for i in range(N):
+            s = 1.0 / (1.0 + e[i])
+            a = job.y0[i] * s
+            out[i] = a * job.y1[i]
+    return 0
+
+
+cdef bint _row_operand(cnp.ndarray w, Py_ssize_t K) noexcept:
+    cdef Py_ssize_t N
+    if cnp.PyArray_NDIM(w) != 2 or cnp.PyArray_TYPE(w) != cnp.NPY_FLOAT32 or w.shape[0] != K:
+        return False
+    N = w.shape[1]
+    return (N <= 1 or w.strides[1] == 4) and (K == 1 or (w.strides[0] % 4 == 0 and w.strides[0] >= 4 * N))
+
+
+def swiglu_row(x, wg, wu, out, int threads=1):
+    """``out = (g * sigmoid(g)) * u`` for ``g = x @ wg``, ``u = x @ wu``: x float32 [K]
+    contiguous, wg and wu float32 [K, N] with unit column strides, out float32 [N]
+    contiguous and writable. Returns ``out``."""
+    cdef str k = "swiglu_row"
+    cdef cnp.ndarray xa = _f32(x, k, "x", 1)
+    cdef cnp.ndarray ga = _arr(wg, k, "wg")
+    cdef cnp.ndarray ua = _arr(wu, k, "wu")
+    cdef cnp.ndarray oa = _f32(out, k, "out", 1, writable=True)
+    cdef Py_ssize_t K = xa.shape[0]
+    if not (_row_operand(ga, K) and _row_operand(ua, K)):
+        raise KernelError(f"{k}: wg {ga.dtype}{_shape(ga)} and wu {ua.dtype}{_shape(ua)} must be float32 "
+                          f"[{K}, N] with unit column strides")
+    cdef Py_ssize_t N = ga.shape[1]
+    if ua.shape[1] != N or oa.shape[0] != N:
+        raise KernelError(f"{k}: shapes wg {_shape(ga)}, wu {_shape(ua)}, out {_shape(oa)} do not match")
+    _swiglu_core(<const float*>cnp.PyArray_DATA(xa), <const float*>cnp.PyArray_DATA(ga),
+                 ga.strides[0] // 4 if K > 1 else N, <const float*>cnp.PyArray_DATA(ua),
+                 ua.strides[0] // 4 if K > 1 else N, <float*>cnp.PyArray_DATA(oa), K, N, threads)
+    return out
+
+
+cdef class OneRowSwiGLU:
+    """A fused gated unit's call ``(x, wg, wu)``: a float32 row with two 2-D float32 weights
+    of one shape runs :func:`swiglu_row` with no Python in between; anything else goes to
+    ``fallback(x, wg, wu)``."""
+
+    cdef int threads
+    cdef object fallback
+
+    def __init__(self, int threads, fallback):
+        self.threads = threads
+        self.fallback = fallback
+
+    def __call__(self, x, wg, wu):
+        cdef cnp.ndarray xa, ga, ua, out
+        cdef cnp.npy_intp dims[32]
+        cdef int nd, i
+        cdef Py_ssize_t K, N
+        if cnp.PyArray_Check(x) and cnp.PyArray_Check(wg) and cnp.PyArray_Check(wu):
+            xa = <cnp.ndarray>x
+            ga = <cnp.ndarray>wg
+            ua = <cnp.ndarray>wu
+            nd = cnp.PyArray_NDIM(xa)
+            if (1 <= nd <= 32 and cnp.PyArray_TYPE(xa) == cnp.NPY_FLOAT32 and cnp.PyArray_IS_C_CONTIGUOUS(xa)
+                    and cnp.PyArray_NDIM(ga) == 2):
+                K = ga.shape[0]
+                N = ga.shape[1]
+                if (K > 0 and cnp.PyArray_SIZE(xa) == K and _row_operand(ga, K) and _row_operand(ua, K)
+                        and ua.shape[1] == N):
+                    for i in range(nd - 1):
+                        dims[i] = xa.shape[i]
+                    dims[nd - 1] = N
+                    out = cnp.PyArray_EMPTY(nd, dims, cnp.NPY_FLOAT32, 0)
+                    _swiglu_core(<const float*>cnp.PyArray_DATA(xa), <const float*>cnp.PyArray_DATA(ga),
+                                 ga.strides[0] // 4 if K > 1 else N, <const float*>cnp.PyArray_DATA(ua),
+                                 ua.strides[0] // 4 if K > 1 else N, <float*>cnp.PyArray_DATA(out), K, N,
+                                 self.threads)
+                    return out
+        return self.fallback(x, wg, wu)

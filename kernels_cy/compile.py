@@ -28,6 +28,7 @@ from onnxforge.graphbuilder.ir import AttrType, Function, Graph, Model, Node, Va
 from onnxforge.graphbuilder.storage import Storage
 from onnxforge.graphbuilder.tensors import EncodedTensor, Tensor
 from onnxforge.kernels_cy.errors import BackendError, UnsupportedOperatorError
+from onnxforge.kernels_cy.fused import Fused, SwiGLU, find_swiglu
 from onnxforge.kernels_cy.ops.base import REGISTRY, Kernel, NodeSpec, norm_domain
 from onnxforge.kernels_cy.plan import Counters, Program
 from onnxforge.passes.topo import CycleError
@@ -129,13 +130,14 @@ class Compiler:
     """Compiles the graphs of one model; shared by the sub-plans of its subgraphs."""
 
     def __init__(self, model: Model, *, mem: Counters, fallback: str | None = None,
-                 effects: Any = None, fold: bool = True, threads: int = 1):
+                 effects: Any = None, fold: bool = True, threads: int = 1, fuse: bool = True):
         if fallback not in (None, "reference"):
             raise BackendError(f"fallback must be None or 'reference', got {fallback!r}")
         self.model = model
         self.mem = mem
         self.fallback = fallback
         self.fold = fold
+        self.fuse = fuse  # plan-time fusions (kernels_cy.fused)
         self.threads = threads
         self.effects = effects
         self.fallback_nodes: list[str] = []
@@ -216,7 +218,17 @@ class Compiler:
         order = schedule(body, self.effects)
         steps: list[tuple[Kernel, list[int], list[int], str, list[bool], Node]] = []
         group: dict[int, int] = {}
+        fused = self._fusions(order, consts)
         for k, node in enumerate(order):
+            f = fused.get(id(node))
+            if f is not None:  # a fused group runs as one step where its first node was
+                if f.nodes[0] is node:
+                    ins = [slot[id(v)] for v in f.inputs]
+                    outs = [new_slot(f.output)]
+                    group[outs[0]] = outs[0]
+                    steps.append((self._fused_kernel(f, consts), ins, outs,
+                                  f"node {f.nodes[-1].name!r} (fused {f.kind})", [True], node))
+                continue
             spec = self._spec(node, consts)
             kern = self._kernel(node, spec)
             if self._foldable(node, spec, kern, consts):
@@ -353,6 +365,22 @@ class Compiler:
                         out.append((kern, [v, r], [v], f"materialize {v} before {st[3]}", [False], st[5]))
             out.append(st)
         return out
+
+    def _fusions(self, order: list[Node], consts: dict[int, np.ndarray]) -> dict[int, Fused]:
+        """Node id -> its fused group (:mod:`~onnxforge.kernels_cy.fused`), for every node of one."""
+        if not self.fuse:
+            return {}
+        out: dict[int, Fused] = {}
+        for f in find_swiglu(order, set(consts)):
+            for n in f.nodes:
+                out[id(n)] = f
+        return out
+
+    def _fused_kernel(self, f: Fused, consts: dict[int, np.ndarray]) -> Kernel:
+        mg, mu, sig, ma, my = f.members  # the SwiGLU roles (kernels_cy.fused)
+        calls = [self._kernel(n, self._spec(n, consts)).run for n in f.members]
+        return SwiGLU(self._spec(my, consts), calls, a_first=my.inputs[0] is ma.outputs[0],
+                      g_first=ma.inputs[0] is mg.outputs[0], threads=self.threads)
 
     def _spec(self, node: Node, consts: dict[int, np.ndarray]) -> NodeSpec:
         ins = node.inputs

@@ -36,6 +36,7 @@ softmax = cython_kernel("_softmax", "softmax")
 sigmoid = cython_kernel("_softmax", "sigmoid")
 cache_update = cython_kernel("_cache", "cache_update")
 OneRowMatMul = cython_kernel("_gemv", "OneRowMatMul")
+OneRowSwiGLU = cython_kernel("_gemv", "OneRowSwiGLU")
 # the shared worker pool: a session marks its runs so the workers spin only during one
 pool_run_begins = cython_kernel("_pool", "run_begins")
 pool_run_ends = cython_kernel("_pool", "run_ends")
