@@ -393,12 +393,16 @@ class GroupQueryAttention(Kernel):
 
     @staticmethod
     def _wrote(ctx: Any, past_k, past_v, end: Any) -> None:
-        if ctx is not None:
+        if ctx is None:
+            return
+        if isinstance(end, int):  # one row (the compiled decode step): no numpy call
+            length: Any = end
+        else:
             length = int(end) if np.ndim(end) == 0 else tuple(int(e) for e in end)
             if not isinstance(length, int) and len(set(length)) == 1:
                 length = length[0]
-            ctx.wrote(past_k, length)
-            ctx.wrote(past_v, length)
+        ctx.wrote(past_k, length)
+        ctx.wrote(past_v, length)
 
     def run(self, q, k=None, v=None, past_k=None, past_v=None, seqlens_k=None, total_len=None,
             cos_cache=None, sin_cache=None, position_ids=None, attention_bias=None, head_sink=None):

@@ -361,8 +361,13 @@ class Split(Kernel):
             self.slices = [lead + (slice(lo, hi),) + tail for lo, hi in zip(bounds[:-1], bounds[1:])]
             self.extent = bounds[-1]
             self.min_rank = ax + 1 if ax >= 0 else -ax
+            if fast.SplitCall is not None and len(self.split_attr) == self.n and min(self.split_attr, default=0) >= 0:
+                self.run = fast.SplitCall(self.split_attr, ax, self._run)  # type: ignore[method-assign]
 
     def run(self, x, split=None):
+        return self._run(x, split)
+
+    def _run(self, x, split=None):
         if self.slices is not None and x.ndim >= self.min_rank and x.shape[self.axis] == self.extent:
             return tuple([np.array(x[sl], copy=True) for sl in self.slices])  # new buffers, never views
         a = self.axis % x.ndim

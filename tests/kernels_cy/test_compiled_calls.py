@@ -119,6 +119,38 @@ def test_reshape_call_views_copy_zero_dims_and_fall_back():
         ReshapeCall([5, -1], False, fb)(x)  # 48 elements do not split into rows of 5
 
 
+@pytest.mark.parametrize("shape,axis,sizes", [((1, 1, 1024), -1, [512, 256, 256]), ((2, 5, 3), 1, [1, 0, 4]),
+                                               ((6, 4), 0, [2, 4]), ((3, 4, 2), -2, [4]), ((2, 3), 1, [0, 3])])
+@pytest.mark.parametrize("dtype", [np.float32, np.int64, np.bool_, np.float16])
+def test_split_call_copies_each_part_like_numpy(shape, axis, sizes, dtype):
+    from onnxforge.kernels_cy._views import SplitCall
+
+    x = (np.arange(int(np.prod(shape))) % 7).astype(dtype).reshape(shape)
+    fb = _Fallback()
+    parts = SplitCall(sizes, axis, fb)(x)
+    want = np.split(x, np.cumsum(sizes)[:-1], axis=axis)
+    assert fb.calls == 0 and len(parts) == len(sizes)
+    for p, w in zip(parts, want):
+        assert p.dtype == x.dtype and p.flags.c_contiguous and not np.shares_memory(p, x)
+        np.testing.assert_array_equal(p, w)
+
+
+def test_split_call_hands_other_inputs_to_the_fallback():
+    from onnxforge.kernels_cy._views import SplitCall
+
+    fb = _Fallback()
+    call = SplitCall([2, 2], 1, fb)
+    x = np.zeros((3, 4), np.float32)
+    assert call(x.T.copy().T) == "fallback"                       # not C-contiguous
+    assert call(np.zeros((3, 5), np.float32)) == "fallback"       # the axis is not the parts' total
+    assert call(np.zeros(4, np.float32)) == "fallback"            # no axis 1
+    assert call(np.array([["a"] * 4], dtype=object)) == "fallback"
+    assert call([[0.0] * 4]) == "fallback"                          # not an array
+    assert fb.calls == 5
+    with pytest.raises(KernelError):
+        SplitCall([2, -1], 0, fb)
+
+
 @pytest.mark.parametrize("zp_kind", [None, "uint8", "float"])
 @pytest.mark.parametrize("with_bias", [False, True])
 @pytest.mark.parametrize("threads", [1, 2])
