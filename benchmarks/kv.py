@@ -23,9 +23,12 @@ Four measurements, all with 2 threads per engine (``--threads``), in one run:
 The state's caches are filled with random values and given published lengths
 (``make_state(..., lengths=...)``) instead of a prefill, so every context starts
 at once; each timed in-place step then appends one token (the context grows by the
-steps timed, a few dozen). Past/present engines get the same feeds every step.
-Timings: best of five block medians after a warm-up and an idle pause (see
-``benchmarks/decode.py``). Not part of the test suite.
+steps timed, a few dozen; genai's Generator likewise after a prefill of ctx tokens).
+Past/present engines get the same feeds every step. Timings of the whole step: after
+a warm-up, five rounds in which every engine runs one block of steps in turn, each
+after an idle pause; each engine keeps its best block median, so a burst of load from
+other processes hits all engines alike. The update alone: best of five block medians
+(see ``benchmarks/decode.py``). Not part of the test suite.
 
     python benchmarks/kv.py [--quick] [--threads 2]
 """
@@ -50,7 +53,7 @@ REPO = HERE.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(HERE))
 
-from decode import _blocks, _genai_folder, _genai_time, _idle, _ort_session  # noqa: E402
+from decode import _blocks, _genai_folder, _idle, _ort_session  # noqa: E402
 
 from tests.fixtures.decoders import MEDIUM_QWEN3, build_all, load_io_info  # noqa: E402
 
@@ -172,9 +175,56 @@ def _random_caches(model: Any, seed: int = 0) -> dict[str, np.ndarray]:
     return {p.name: rng.standard_normal(p.type.shape, dtype=np.float32) for p, _ in model.graph.bindings}
 
 
+def _genai_stepper(folder: Path, ctx: int, vocab: int, total_steps: int) -> Callable[[], Any] | None:
+    """A Generator whose prompt of ``ctx`` tokens is appended (its prefill), and its next-token
+    call; None when onnxruntime-genai is not installed."""
+    try:
+        import onnxruntime_genai as og
+    except ImportError:
+        return None
+    model = og.Model(str(folder))
+    limit = int(json.loads((folder / "genai_config.json").read_text())["model"].get("context_length", 1 << 30))
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=min(ctx + total_steps + 2, limit), do_sample=False)
+    gen = og.Generator(model, params)
+    gen.append_tokens(np.random.default_rng(0).integers(0, vocab, size=ctx).astype(np.int32))
+
+    def step() -> None:
+        gen.generate_next_token()
+
+    step.model = model  # type: ignore[attr-defined]  # the model lives as long as its generator
+    return step
+
+
+def _interleaved(engines: dict[str, Callable[[], Any]], warm: int, steps: int) -> dict[str, float]:
+    """ms per call of each engine: a warm-up, then ``BLOCKS`` rounds in which every engine
+    runs one block of steps in turn (after an idle pause, so no engine's spinning threads
+    steal a core from the next); each engine keeps its best block median. A burst of load
+    from other processes then hits every engine's blocks alike."""
+    from decode import BLOCKS, _idle
+
+    per = max(3, steps // BLOCKS)
+    for step in engines.values():
+        for _ in range(warm):
+            step()
+    best = dict.fromkeys(engines, float("inf"))
+    for _ in range(BLOCKS):
+        for name, step in engines.items():
+            _idle()
+            step()
+            times = []
+            for _ in range(per):
+                t0 = time.perf_counter()
+                step()
+                times.append(time.perf_counter() - t0)
+            best[name] = min(best[name], statistics.median(times))
+    return {k: v * 1e3 for k, v in best.items()}
+
+
 def bench_step(path: Path, contexts: list[int], genai_contexts: set[int], threads: int, warm: int,
                steps: int, tmp: Path) -> list[dict[str, Any]]:
     import onnxforge as of
+    from decode import BLOCKS
     from onnxforge.kernels_cy.state import make_state
     from onnxforge.passes.stateful import make_stateful
 
@@ -187,6 +237,8 @@ def bench_step(path: Path, contexts: list[int], genai_contexts: set[int], thread
     ids = np.array([[7]], np.int64)
     mask = np.ones((1, POSITIONS), np.int64)
     rng = np.random.default_rng(1)
+    # the advancing engines run warm + BLOCKS * (block + 1) steps from ctx
+    total = warm + BLOCKS * (max(3, steps // BLOCKS) + 1) + 1
     rows = []
     for ctx in contexts:
         st.reset(initial, lengths=dict.fromkeys(initial, ctx))
@@ -196,20 +248,22 @@ def bench_step(path: Path, contexts: list[int], genai_contexts: set[int], thread
             st.run({"input_ids": ids, "attention_mask": mask[:, :where[0] + 1]})
             where[0] += 1
 
-        row: dict[str, Any] = {"ctx": ctx, "inplace": _timed_advancing(step, warm, steps)}
-        row["alloc"] = st.last_run.allocated_bytes
-        row["copied"] = st.last_run.copied_bytes
         feeds = {"input_ids": ids, "attention_mask": mask[:, :ctx + 1],
                  **{p.name: rng.standard_normal((1, KV, ctx, HEAD), dtype=np.float32)
                     for p, _ in stateful.graph.bindings}}
-        row["of_loop"] = _timed_advancing(lambda: plain.run(None, feeds), warm, steps)
-        row["ort_loop"] = _timed_advancing(lambda: ort_sess.run(None, feeds), warm, steps)
+        engines: dict[str, Callable[[], Any]] = {
+            "inplace": step,
+            "of_loop": lambda: plain.run(None, feeds),
+            "ort_loop": lambda: ort_sess.run(None, feeds),
+        }
         if ctx in genai_contexts:
-            try:
-                folder = _genai_folder(path, threads, tmp)
-                row["genai"] = _genai_time(folder, ctx, int(info["vocab_size"]), warm, steps)
-            except ImportError:
-                pass
+            genai = _genai_stepper(_genai_folder(path, threads, tmp), ctx, int(info["vocab_size"]), total)
+            if genai is not None:
+                engines["genai"] = genai
+        row: dict[str, Any] = {"ctx": ctx, **_interleaved(engines, warm, steps)}
+        row["alloc"] = st.last_run.allocated_bytes
+        row["copied"] = st.last_run.copied_bytes
+        del engines
         rows.append(row)
         _print_step(row)
     st.close()
@@ -283,8 +337,9 @@ def main(argv: list[str] | None = None) -> None:
     else:
         upd_ctx = [64, 256, 1024, 4096, 16384]
         step_ctx, genai_ctx = [64, 256, 1024, 4096, top], [256, 1024, 4096]
-    print(f"threads={args.threads}; times are the best of 5 block medians of {max(3, steps // 5)} steps "
-          f"(the in-place update alone: blocks of {UPDATE_BLOCK} steps, contexts in turn)")
+    print(f"threads={args.threads}; times are the best of 5 block medians of {max(3, steps // 5)} steps, "
+          f"the engines' blocks in turn (the in-place update alone: blocks of {UPDATE_BLOCK} steps, "
+          "contexts in turn)")
 
     print("\n1. cache update of one decode step (16 caches [1, 4, ctx, 64] fp32, one token), µs")
     print(f"{'ctx':>6} {'in place':>12} {'of concat':>12} {'ort concat':>12} {'of/inpl':>10} {'ort/inpl':>10}")

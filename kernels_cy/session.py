@@ -238,7 +238,7 @@ class InferenceSession:
         return self._cg.program.num_steps
 
     # -- running -------------------------------------------------------------------
-    def _feeds(self, feeds: Mapping[str, Any]) -> list[Any]:
+    def _feeds(self, feeds: Mapping[str, Any], trusted: frozenset[str] = frozenset()) -> list[Any]:
         unknown = [k for k in feeds if k not in self._index]
         if unknown:
             raise FeedError(f"unknown feed(s) {unknown}; the model's inputs are {list(self._index)}")
@@ -250,7 +250,10 @@ class InferenceSession:
                     missing.append(s.name)
                 out.append(s.default)
                 continue
-            out.append(self._check(s, feeds[s.name]))
+            x = feeds[s.name]
+            # a trusted buffer is still refused once its owner made it read-only (rule R2)
+            out.append(x if s.name in trusted and isinstance(x, np.ndarray) and x.flags.writeable
+                       else self._check(s, x))
         if missing:
             raise FeedError(f"missing feed(s) {missing}")
         return out
@@ -283,16 +286,19 @@ class InferenceSession:
         return x
 
     def run(self, output_names: Sequence[str] | None, feeds: Mapping[str, Any],
-            run_options: Any = None, *, lengths: RunLengths | None = None) -> list[Any]:
+            run_options: Any = None, *, lengths: RunLengths | None = None,
+            trusted: frozenset[str] = frozenset()) -> list[Any]:
         """Run the plan; returns the requested outputs (None: all) in order, as a list.
 
         ``lengths`` gives the cache-writing kernels the published length of each state
-        buffer (rule R3); their new lengths are in ``lengths.written`` afterwards."""
+        buffer (rule R3); their new lengths are in ``lengths.written`` afterwards.
+        ``trusted`` names feeds a state has already checked (its retained in-place
+        buffers): they are passed as they are."""
         if output_names is not None:
             bad = [n for n in output_names if n not in self._out_index]
             if bad:
                 raise FeedError(f"unknown output name(s) {bad}; the model's outputs are {self._outputs}")
-        args = self._feeds(feeds)
+        args = self._feeds(feeds, trusted)
         mem = self._mem
         mem.reset()
         saved = BLAS.begin(self._bound)

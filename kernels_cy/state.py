@@ -245,6 +245,10 @@ class State:
         self._lengths: dict[str, Length] = {}
         self._ids: dict[int, str] = {}  # id(READ_WRITE buffer) -> input name, for the kernels
         self._addrs: dict[int, str] = {}  # its data address -> input name
+        # in-place inputs whose retained buffers a run has checked and kept (the same objects
+        # since): the session does not check them again
+        self._aliased = frozenset(b.input for b in bindings if b.must_alias)
+        self._trusted: frozenset[str] = frozenset()
         self.last_run = StateCounters()
         values, saved = self._initial(initial)
         self._publish(values, self._initial_lengths(lengths if lengths is not None else saved))
@@ -307,7 +311,7 @@ class State:
             args = dict(feeds)
             args.update(values)
             ctx = RunLengths(self._ids, self._lengths, self._addrs)
-            outs = self._session.run(None, args, lengths=ctx)
+            outs = self._session.run(None, args, lengths=ctx, trusted=self._trusted)
             new: dict[str, Any] = {}
             for name, k, b in self._slots:
                 a = outs[k]
@@ -328,6 +332,7 @@ class State:
                 if new.get(name) is not values.get(name) and name not in ctx.written:
                     lengths[name] = 0
             self._publish(new, lengths)
+            self._trusted = self._aliased  # checked by this run, and each is the object it was (R1)
             r = self._session.last_run
             self.last_run = StateCounters(r.allocated_bytes, r.copied_bytes, r.peak_bytes, self.cache_bytes)
             return dict(zip(self._out_names, outs))
@@ -433,9 +438,12 @@ class State:
         was, and nothing but the two swaps happens."""
         old = self._values
         rw = self._by_input
-        if len(new) != len(old) or any(new.get(k) is not a for k, a in old.items()):
-            self._objects = [k for k, a in new.items() if not isinstance(a, (np.ndarray, dict))]
-            self._held = sum(_nbytes(a) for k, a in new.items() if isinstance(a, (np.ndarray, dict)))
+        if len(new) == len(old) and all(new.get(k) is a for k, a in old.items()):
+            self._lengths = lengths  # the in-place case
+            return
+        self._trusted = frozenset()
+        self._objects = [k for k, a in new.items() if not isinstance(a, (np.ndarray, dict))]
+        self._held = sum(_nbytes(a) for k, a in new.items() if isinstance(a, (np.ndarray, dict)))
         gone = [a for k, a in old.items() if rw[k].read_write and new.get(k) is not a]
         added = [(k, a) for k, a in new.items() if rw[k].read_write and old.get(k) is not a]
         if gone or added:

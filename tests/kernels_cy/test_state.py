@@ -144,6 +144,22 @@ def test_read_only_bindings_also_reject_non_contiguous_initial_values():
     assert addr(st.values["acc"]) == addr(ro)
 
 
+def test_a_retained_buffer_its_owner_made_read_only_is_refused_before_any_write():
+    buf = np.zeros((1, 8, 4), np.float32)
+    st = make_state(_cache_model(), initial={"cache": buf})  # retained without a copy
+    st.run(_feeds(0, 1.0))
+    st.run(_feeds(2, 2.0))  # the retained buffer is now passed to the session unchecked...
+    before = buf.copy()
+    buf.flags.writeable = False  # ...until its owner makes it read-only
+    with pytest.raises(FeedError, match="not writable"):
+        st.run(_feeds(4, 3.0))
+    np.testing.assert_array_equal(buf, before)
+    assert st.lengths == {"cache": 4}
+    buf.flags.writeable = True
+    st.run(_feeds(4, 3.0))
+    assert st.lengths == {"cache": 6} and float(buf[0, 4, 0]) == 3.0
+
+
 def test_a_failed_run_leaves_the_state_unchanged():
     st = make_state(_cache_model())
     st.run(_feeds(0, 1.0))
