@@ -361,12 +361,26 @@ static OF_TARGET_AVX2 OF_QK_SIG(of_qk_avx2) {
     }
 }
 static OF_TARGET_AVX2 OF_PV_SIG(of_pv_avx2) {
-    /* per head and 32-wide chunk of the head dim: four register accumulators over the keys */
+    /* per head and 64-wide chunk of the head dim: eight register accumulators over the
+     * keys, so a 64-wide head reads each value row whole and the rows in order (a value
+     * block that comes from memory then streams; 32-wide chunks read every row twice, a
+     * half at a time); then 32-wide chunks */
     ptrdiff_t j, g, c;
+    int r;
     for (g = 0; g < G; ++g) {
         float* ar = acc + g * ldacc;
         const float* pr = p + g * ldp;
         c = 0;
+        for (; c + 64 <= d; c += 64) {
+            __m256 a[8];
+            for (r = 0; r < 8; ++r) a[r] = _mm256_loadu_ps(ar + c + 8 * r);
+            for (j = 0; j < nb; ++j) {
+                const float* vr = v + j * vs + c;
+                __m256 w = _mm256_set1_ps(pr[j]);
+                for (r = 0; r < 8; ++r) a[r] = _mm256_fmadd_ps(w, _mm256_loadu_ps(vr + 8 * r), a[r]);
+            }
+            for (r = 0; r < 8; ++r) _mm256_storeu_ps(ar + c + 8 * r, a[r]);
+        }
         for (; c + 32 <= d; c += 32) {
             __m256 r0 = _mm256_loadu_ps(ar + c), r1 = _mm256_loadu_ps(ar + c + 8);
             __m256 r2 = _mm256_loadu_ps(ar + c + 16), r3 = _mm256_loadu_ps(ar + c + 24);
