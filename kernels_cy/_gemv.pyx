@@ -42,37 +42,82 @@ __all__ = ["COLUMN_BLOCK", "PARALLEL_BYTES", "OneRowMatMul", "OneRowSwiGLU", "ge
 
 cdef enum:
     CB = 2048
+    PAR_BYTES = 1 << 18
 
 COLUMN_BLOCK = CB
-PARALLEL_BYTES = 1 << 18
+PARALLEL_BYTES = PAR_BYTES
 
 
 ctypedef struct _Job:
     const float* x
-    const float* w
-    Py_ssize_t ldw
-    float* y
-    float* parts
+    const float* w[2]  # one or two products of the same row: x @ w[0] (and x @ w[1])
+    Py_ssize_t ldw[2]
+    float* y[2]
+    float* parts       # the partial rows: (nk - 1) * N floats per product
+    float* extra       # the caller's own scratch floats, if it asked for any
+    int np
     Py_ssize_t K
     Py_ssize_t N
     Py_ssize_t nb
+    Py_ssize_t nk
     Py_ssize_t kchunk
 
 
 cdef void _task(void* ctx, long i) noexcept nogil:
+    """Item ``i``: product ``i // (nb * nk)``, its column block and row chunk."""
     cdef _Job* j = <_Job*>ctx
+    cdef Py_ssize_t per = j.nb * j.nk
+    cdef Py_ssize_t p = i // per
+    i -= p * per
     cdef Py_ssize_t b = i % j.nb, c = i // j.nb
     cdef Py_ssize_t j0 = b * CB, j1 = j0 + CB, k0 = c * j.kchunk, k1 = k0 + j.kchunk
     if j1 > j.N:
         j1 = j.N
     if k1 > j.K:
         k1 = j.K
-    cdef float* dst = j.y if c == 0 else j.parts + (c - 1) * j.N
+    cdef float* dst = j.y[p] if c == 0 else j.parts + (p * (j.nk - 1) + c - 1) * j.N
     if k0 >= k1:  # an empty row range still owes its partial row
         for b in range(j0, j1):
             dst[b] = 0.0
         return
-    of_gemv_rows(j.x, j.w, j.ldw, dst, k0, k1, j0, j1)
+    of_gemv_rows(j.x, j.w[p], j.ldw[p], dst, k0, k1, j0, j1)
+
+
+cdef int _products(_Job* job, bint own_rows, Py_ssize_t extra, int threads) except -1:
+    """Run ``job`` (x, w, ldw, np, K, N set; y set unless ``own_rows``) on the pool: columns
+    in blocks of :data:`COLUMN_BLOCK`; when there are fewer blocks than threads the rows
+    are split too (chunks of a multiple of 4 rows) and the partial rows summed afterwards.
+    Products below :data:`PARALLEL_BYTES` of weight run on the calling thread. The
+    calling thread's scratch holds ``extra`` floats for the caller (``job.extra``), the
+    result rows when ``own_rows``, then the partial rows."""
+    cdef Py_ssize_t K = job.K, N = job.N, i, c, p
+    cdef int t = threads if K * N * 4 >= PAR_BYTES else 1
+    job.nb = (N + CB - 1) // CB
+    job.nk = 1
+    if t > 1 and job.nb < t:
+        job.nk = t // job.nb
+    job.kchunk = ((K + job.nk - 1) // job.nk + 3) // 4 * 4 if job.nk > 1 else K
+    if job.nk > 1:
+        job.nk = (K + job.kchunk - 1) // job.kchunk
+    cdef Py_ssize_t rows = job.np * N if own_rows else 0
+    cdef Py_ssize_t total = extra + rows + job.np * (job.nk - 1) * N
+    cdef float* buf = NULL
+    if total:
+        buf = of_gemv_parts(total)
+        if buf == NULL:
+            raise MemoryError(f"gemv: cannot allocate {total * 4} bytes of scratch")
+    job.extra = buf
+    if own_rows:
+        for p in range(job.np):
+            job.y[p] = buf + extra + p * N
+    job.parts = buf + extra + rows if job.nk > 1 else NULL
+    with nogil:
+        of_pool_parallel_for(job.np * job.nb * job.nk, _task, job, t)
+        for p in range(job.np):
+            for c in range(job.nk - 1):
+                for i in range(N):
+                    job.y[p][i] += job.parts[(p * (job.nk - 1) + c) * N + i]
+    return 0
 
 
 def gemv(x, w, out, int threads=1):
@@ -104,30 +149,13 @@ cdef int _gemv_core(const float* x, const float* w, Py_ssize_t ldw, float* y, Py
         return 0
     cdef _Job job
     job.x = x
-    job.w = w
-    job.ldw = ldw
-    job.y = y
+    job.w[0] = w
+    job.ldw[0] = ldw
+    job.y[0] = y
+    job.np = 1
     job.K = K
     job.N = N
-    job.nb = (N + CB - 1) // CB
-    job.parts = NULL
-    cdef int t = threads if K * N * 4 >= PARALLEL_BYTES else 1
-    cdef Py_ssize_t nk = 1, i, c
-    if t > 1 and job.nb < t:
-        nk = t // job.nb
-    job.kchunk = ((K + nk - 1) // nk + 3) // 4 * 4 if nk > 1 else K
-    if nk > 1:
-        nk = (K + job.kchunk - 1) // job.kchunk
-    if nk > 1:
-        job.parts = of_gemv_parts((nk - 1) * N)
-        if job.parts == NULL:
-            raise MemoryError(f"gemv: cannot allocate {(nk - 1) * N * 4} bytes of partial rows")
-    with nogil:
-        of_pool_parallel_for(job.nb * nk, _task, &job, t)
-        for c in range(nk - 1):
-            for i in range(N):
-                job.y[i] += job.parts[c * N + i]
-    return 0
+    return _products(&job, False, 0, threads)
 
 
 cdef class OneRowMatMul:
@@ -170,100 +198,40 @@ cdef class OneRowMatMul:
 
 # -- the gated unit of a decoder's MLP on one row --------------------------------------
 
-ctypedef struct _PairJob:
-    const float* x
-    const float* w0
-    const float* w1
-    Py_ssize_t ldw0
-    Py_ssize_t ldw1
-    float* y0
-    float* y1
-    float* parts
-    Py_ssize_t K
-    Py_ssize_t N
-    Py_ssize_t nb
-    Py_ssize_t nk
-    Py_ssize_t kchunk
-
-
-cdef void _pair_task(void* ctx, long i) noexcept nogil:
-    """Item ``i`` of the two products x @ W0 and x @ W1: the first ``nb * nk`` items are
-    W0's column blocks and row chunks, the rest W1's."""
-    cdef _PairJob* j = <_PairJob*>ctx
-    cdef Py_ssize_t per = j.nb * j.nk
-    cdef int p = i >= per
-    if p:
-        i -= per
-    cdef Py_ssize_t b = i % j.nb, c = i // j.nb
-    cdef Py_ssize_t j0 = b * CB, j1 = j0 + CB, k0 = c * j.kchunk, k1 = k0 + j.kchunk
-    if j1 > j.N:
-        j1 = j.N
-    if k1 > j.K:
-        k1 = j.K
-    cdef float* dst
-    if c == 0:
-        dst = j.y1 if p else j.y0
-    else:
-        dst = j.parts + ((p * (j.nk - 1)) + c - 1) * j.N
-    if k0 >= k1:
-        for b in range(j0, j1):
-            dst[b] = 0.0
-        return
-    of_gemv_rows(j.x, j.w1 if p else j.w0, j.ldw1 if p else j.ldw0, dst, k0, k1, j0, j1)
-
-
 cdef int _swiglu_core(const float* x, const float* wg, Py_ssize_t ldg, const float* wu, Py_ssize_t ldu,
                       float* out, Py_ssize_t K, Py_ssize_t N, int threads) except -1:
     """``out = (g * sigmoid(g)) * u`` with ``g = x @ Wg`` and ``u = x @ Wu``: both products
-    in one pass of the pool, then the gate on the calling thread. Every float operation is
-    the one the unfused kernels do, in the same order (``gemv``, ``_softmax.sigmoid``,
-    two float32 products, each product's rows split as :func:`gemv` splits them on
-    ``threads``), so the result is bitwise the same as theirs on as many threads."""
+    in one pass of the pool (each split as :func:`gemv` splits it, so the same partial
+    sums), then the gate on the calling thread. Every float operation is the one the
+    unfused kernels do, in the same order (``gemv``, ``_softmax.sigmoid``, two float32
+    products), so the result is bitwise the same as theirs on as many threads."""
     if N == 0:
         return 0
-    cdef _PairJob job
+    cdef _Job job
     job.x = x
-    job.w0 = wg
-    job.w1 = wu
-    job.ldw0 = ldg
-    job.ldw1 = ldu
+    job.w[0] = wg
+    job.w[1] = wu
+    job.ldw[0] = ldg
+    job.ldw[1] = ldu
+    job.np = 2
     job.K = K
     job.N = N
-    job.nb = (N + CB - 1) // CB
-    # each product is split as gemv splits it (the same partial sums, so the same bits)
-    cdef int t = threads if K * N * 4 >= PARALLEL_BYTES else 1
-    cdef Py_ssize_t nk = 1, i, c
-    if t > 1 and job.nb < t:
-        nk = t // job.nb
-    job.kchunk = ((K + nk - 1) // nk + 3) // 4 * 4 if nk > 1 else K
-    if nk > 1:
-        nk = (K + job.kchunk - 1) // job.kchunk
-    job.nk = nk
-    # scratch: g, u, the gate's exponentials, then the partial rows of both products
-    cdef float* scratch = of_gemv_parts((3 + 2 * (nk - 1)) * N)
-    if scratch == NULL:
-        raise MemoryError(f"swiglu: cannot allocate {(3 + 2 * (nk - 1)) * N * 4} bytes of scratch")
-    job.y0 = scratch
-    job.y1 = scratch + N
-    cdef float* e = scratch + 2 * N
-    job.parts = scratch + 3 * N
+    _products(&job, True, N, threads)  # N floats of scratch for the gate's exponentials
+    cdef const float* g = job.y[0]
+    cdef const float* u = job.y[1]
+    cdef float* ex = job.extra
+    cdef Py_ssize_t i
     cdef float s, a
     with nogil:
-        of_pool_parallel_for(2 * job.nb * nk, _pair_task, &job, t)
-        for c in range(nk - 1):
-            for i in range(N):
-                job.y0[i] += job.parts[c * N + i]
-            for i in range(N):
-                job.y1[i] += job.parts[((nk - 1) + c) * N + i]
         # the Sigmoid kernel's steps: e = exp(-g) by the shared polynomial, s = 1 / (1 + e)
         # in double rounded to float; then Mul(g, s) and Mul(., u) in float32
         for i in range(N):
-            e[i] = -job.y0[i]
-        of_expsum(e, 0.0, N)
+            ex[i] = -g[i]
+        of_expsum(ex, 0.0, N)
         for i in range(N):
-            s = 1.0 / (1.0 + e[i])
-            a = job.y0[i] * s
-            out[i] = a * job.y1[i]
+            s = 1.0 / (1.0 + ex[i])
+            a = g[i] * s
+            out[i] = a * u[i]
     return 0
 
 
