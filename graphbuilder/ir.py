@@ -96,6 +96,9 @@ class Alias:
     kind: int = MUST_ALIAS
 
 
+_GRAPH, _GRAPHS = AttrType.GRAPH, AttrType.GRAPHS
+
+
 class Value:
     """An SSA value: produced by at most one node (or a graph input / initializer)."""
 
@@ -288,7 +291,12 @@ class Node:
     def subgraphs(self) -> list["Graph"]:
         out: list[Graph] = []
         for a in self.attributes.values():
-            out.extend(a.graphs())
+            t = a.type  # inlined Attr.graphs: this is asked of every node by every model walk
+            if t == _GRAPH:
+                if a.value is not None:
+                    out.append(a.value)
+            elif t == _GRAPHS and a.value:
+                out.extend(a.value)
         return out
 
     @property
@@ -538,8 +546,9 @@ class Graph(_Body):
         """This graph and every subgraph, depth first."""
         yield self
         for n in self:
-            for sg in n.subgraphs():
-                yield from sg.all_graphs()
+            if n.attributes:
+                for sg in n.subgraphs():
+                    yield from sg.all_graphs()
 
     def all_nodes(self) -> Iterator[Node]:
         for g in self.all_graphs():
@@ -599,8 +608,9 @@ class Function(_Body):
 
     def all_graphs(self) -> Iterator[Graph]:
         for n in self:
-            for sg in n.subgraphs():
-                yield from sg.all_graphs()
+            if n.attributes:
+                for sg in n.subgraphs():
+                    yield from sg.all_graphs()
 
     def path(self) -> str:
         return f"functions[{self.domain + '::' + self.name!r}]"

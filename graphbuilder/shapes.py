@@ -47,7 +47,7 @@ import numpy as np
 from onnx import TensorProto
 
 from onnxforge.proto_ext.errors import OnnxforgeError
-from onnxforge.graphbuilder.ir import MUST_ALIAS, Attr, Function, Graph, Model, Node, Value
+from onnxforge.graphbuilder.ir import MUST_ALIAS, Attr, AttrType, Function, Graph, Model, Node, Value
 from onnxforge.graphbuilder.storage import Storage
 from onnxforge.graphbuilder.symbolic import Dim, SymbolicError, SymExpr, as_dim, dims_equal, symbol
 from onnxforge.graphbuilder.tensors import EncodedTensor, Tensor, np_dtype
@@ -343,11 +343,19 @@ class ShapesContext:
             computed type replaces it and the conflict is listed in
             :attr:`conflicts` (some exporters write wrong value_info).
         opset_imports: opsets to assume (default: the model's or function's).
+        memo: record, per node, what its rule read and wrote, for a later context.
+        prior: an earlier ``memo`` context of the same target: a node whose operator,
+            attributes, input values (object, type, content, declared type, payload) and
+            outputs are what ``prior`` saw takes ``prior``'s result instead of running its
+            rule again (control flow, function calls and aliased values always run).
+            Only symbols made fresh from then on are numbered after ``prior``'s; every
+            type is what a context without ``prior`` infers.
     """
 
     def __init__(self, target: Model | Graph | Function, *, trust_declared: bool = True,
                  write_back: bool = True, strict: bool = True,
-                 opset_imports: dict[str, int] | None = None):
+                 opset_imports: dict[str, int] | None = None, memo: bool = False,
+                 prior: ShapesContext | None = None):
         if not isinstance(target, (Model, Graph, Function)):
             raise TypeError(f"ShapesContext needs a Model, Graph or Function, got {type(target).__name__}")
         self.model: Model | None = target if isinstance(target, Model) else None
@@ -376,6 +384,15 @@ class ShapesContext:
         from onnxforge.graphbuilder import infer as _infer
 
         self._rules = _infer
+        self.replayed = 0
+        """Nodes whose inference was taken from ``prior`` (their inputs had not changed)."""
+        self._records: dict[Node, _Record] | None = {} if memo else None
+        self._prior: dict[Node, _Record] | None = None
+        if memo and prior is not None and prior._records is not None and prior.graph is self.graph \
+                and prior.opsets == self.opsets and prior.trust_declared == trust_declared \
+                and prior.strict == strict and not prior.write_back and not write_back:
+            self._prior = prior._records
+            self._counter = [prior._counter[0]]  # symbols made from here on are new to both
 
     # -- reading ---------------------------------------------------------------------
     def type_of(self, value: Value | None) -> Type:
@@ -602,6 +619,43 @@ class ShapesContext:
     # -- inference -------------------------------------------------------------------
     def infer_node(self, node: Node) -> list[Type]:
         """Infer the output types of one node from what is known of its inputs."""
+        if self._records is not None:
+            return self._infer_recorded(node)
+        return self._infer_node(node)
+
+    def _infer_recorded(self, node: Node) -> list[Type]:
+        """:meth:`_infer_node`, recorded for a later context of the same model, or replayed
+        from the ``prior`` context's record when nothing the rule reads has changed."""
+        key = _record_key(self, node)
+        if key is None:
+            return self._infer_node(node)
+        rec = self._prior.get(node) if self._prior is not None else None
+        if rec is not None and rec.key == key:
+            for o, (t, value, sources) in zip(node._outputs, rec.results):
+                self._types[o] = t
+                self._sources[o] = list(sources)
+                if value is not None:
+                    self._values[o] = value
+            self.equalities.extend(rec.equalities)
+            self.conflicts.extend(rec.conflicts)
+            if rec.unknown:
+                k = (node.domain, node.op_type)
+                self.unknown_ops[k] = self.unknown_ops.get(k, 0) + 1
+            self._records[node] = rec
+            self.replayed += 1
+            return [t for t, _v, _s in rec.results]
+        n_eq, n_conf, n_alias = len(self.equalities), len(self.conflicts), len(self._alias_parent)
+        n_unknown = sum(self.unknown_ops.values())
+        out = self._infer_node(node)
+        if len(self._alias_parent) == n_alias:  # alias classes are never replayed
+            self._records[node] = _Record(
+                key, tuple((self._types.get(o), self._values.get(o), tuple(self._sources.get(o, ())))
+                           for o in node._outputs),
+                tuple(self.equalities[n_eq:]), tuple(self.conflicts[n_conf:]),
+                sum(self.unknown_ops.values()) != n_unknown)
+        return out
+
+    def _infer_node(self, node: Node) -> list[Type]:
         rule = self._rules.lookup(node.domain, node.op_type)
         if rule is not None:
             op = self._rules.NodeInference(self, node)
@@ -705,6 +759,8 @@ class ShapesContext:
         c._alias_parent = dict(self._alias_parent)
         c._alias_members = {k: list(v) for k, v in self._alias_members.items()}
         c._fn_cache = {}
+        c._records = c._prior = None
+        c.replayed = 0
         return c
 
     def values(self) -> Iterator[tuple[Value, Type]]:
@@ -713,6 +769,99 @@ class ShapesContext:
 
 
 _MISSING = object()
+Attr_GRAPH, Attr_GRAPHS = AttrType.GRAPH, AttrType.GRAPHS
+
+
+class _Record:
+    """What inferring one node read (``key``) and wrote (its outputs' types, contents and
+    sources, the equalities and conflicts it added, whether its operator was unknown)."""
+
+    __slots__ = ("key", "results", "equalities", "conflicts", "unknown")
+
+    def __init__(self, key: tuple, results: tuple, equalities: tuple, conflicts: tuple, unknown: bool):
+        self.key, self.results, self.equalities = key, results, equalities
+        self.conflicts, self.unknown = conflicts, unknown
+
+
+_PLAIN = frozenset({int, float, str, bytes, bool, type(None)})
+
+
+def _same_content(a: SymTensor, b: SymTensor) -> bool:
+    """Element by element the same tensor (numbers of one Python type, equal expressions)."""
+    if a.elem_type != b.elem_type or a.data.shape != b.data.shape:
+        return False
+    for x, y in zip(a.data.flat, b.data.flat):
+        if type(x) is not type(y) or x != y:
+            return False
+    return True
+
+
+class _Same:
+    """Equal to another ``_Same`` of the very same object (whatever the object's ``==``)."""
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj: Any):
+        self.obj = obj
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Same) and other.obj is self.obj
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+class _Content:
+    """Equal to another ``_Content`` of the same tensor content (or both None)."""
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj: SymTensor | None):
+        self.obj = obj
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, _Content):
+            return False
+        a, b = self.obj, other.obj
+        return a is b or (a is not None and b is not None and _same_content(a, b))
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def _record_key(ctx: ShapesContext, node: Node) -> tuple | None:
+    """Everything an operator rule reads about ``node``: its operator and name, attributes,
+    inputs (object, known type and content, declared type, payload) and outputs (object,
+    name, declared type). None for a node whose inference reads more than that: control
+    flow (bodies), calls of local functions, and anything with aliases."""
+    if node.output_alias:
+        return None
+    attrs = []
+    for a in node.attributes.values():
+        t = a.type
+        if t == Attr_GRAPH or t == Attr_GRAPHS or a.ref_attr_name:
+            return None
+        v = a.value
+        if type(v) is list:
+            v = tuple(x if type(x) in _PLAIN else _Same(x) for x in v)
+        elif type(v) not in _PLAIN:
+            v = _Same(v)
+        attrs.append((_Same(a), a.name, t, v))
+    if ctx.model is not None and (node.domain, node.op_type, node.overload) in ctx.model.functions:
+        return None
+    types, values = ctx._types, ctx._values
+    ins: list[tuple | None] = []
+    for v in node._inputs:
+        if v is None:
+            ins.append(None)
+        elif v.alias_of is not None or v in ctx._alias_parent:
+            return None
+        else:
+            ins.append((v, ctx.type_of(v), _Content(values.get(v)), v.type, _Same(v.const)))
+    outs = []
+    for o in node._outputs:
+        if o.alias_of is not None or o in ctx._alias_parent or o in types:
+            return None
+        outs.append((o, o.name, o.type))
+    return (node.domain, node.op_type, node.overload, node.name, tuple(attrs), tuple(ins), tuple(outs))
 
 
 def _attr_key(a: Attr) -> Any:
