@@ -3,8 +3,9 @@
 A node whose inputs are all constants (initializers that are not graph inputs,
 or outputs of ``Constant`` nodes) is evaluated once and replaced by an
 initializer holding its result (a ``Constant`` node inside a function body,
-which has no initializers). Evaluation uses numpy for a few common operators
-and ``onnx.reference`` otherwise. ``Constant`` nodes of graphs become
+which has no initializers). Evaluation uses numpy for common operators (here and
+in :mod:`.fold_eval`, with onnx.reference's results) and ``onnx.reference``
+otherwise. ``Constant`` nodes of graphs become
 initializers without reading their payload.
 
 Never folded: nodes with side effects, random operators, nodes owning
@@ -49,6 +50,7 @@ from onnxforge.graphbuilder.ir import (
 from onnxforge.graphbuilder.tensors import EncodedTensor, Tensor, onnx_dtype
 from onnxforge.passes.domains import DEFAULT_DOMAINS, imported_version, opsets_in_scope
 from onnxforge.passes.effects import effect_analysis
+from onnxforge.passes.fold_eval import evaluate
 from onnxforge.passes.invariants import is_nondeterministic
 from onnxforge.passes.manager import Pass, PassResult, check_int_option, register_pass
 from onnxforge.passes.records import copy_tensor
@@ -434,6 +436,8 @@ class _Folder:
         opset = imported_version(opsets, n.domain) or 23
         with np.errstate(all="ignore"):
             results = _fast(n, arrays, opset)
+            if results is None:
+                results = evaluate(n, arrays, opset)
             if results is None:
                 results = _reference(n, arrays, opsets)
         if results is None or len(results) != len(n.outputs):
