@@ -72,6 +72,7 @@ __all__ = [
     "PassResult",
     "check_int_option",
     "check_order",
+    "collector_paused",
     "get_pass",
     "list_passes",
     "register_pass",
@@ -236,7 +237,7 @@ def check_order(passes: Sequence[Pass]) -> None:
 
 
 @contextlib.contextmanager
-def _collector_paused():
+def collector_paused():
     """Pause the cyclic garbage collector while passes run.
 
     Nodes and values reference each other, so a large model is a large object
@@ -305,7 +306,7 @@ class PassManager:
                 f"preserves={p.preserves!r}")
 
     def __call__(self, model: Model) -> PassResult:
-        with _collector_paused():
+        with collector_paused():
             return self._run(model)
 
     def _run(self, model: Model) -> PassResult:
