@@ -40,6 +40,7 @@ without a rule and without a local function leave their outputs as declared
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
@@ -388,6 +389,7 @@ class ShapesContext:
         """Nodes whose inference was taken from ``prior`` (their inputs had not changed)."""
         self._records: dict[Node, _Record] | None = {} if memo else None
         self._prior: dict[Node, _Record] | None = None
+        self._prior_index: dict[tuple, list[_Record]] | None = None
         if memo and prior is not None and prior._records is not None and prior.graph is self.graph \
                 and prior.opsets == self.opsets and prior.trust_declared == trust_declared \
                 and prior.strict == strict and not prior.write_back and not write_back:
@@ -626,11 +628,16 @@ class ShapesContext:
     def _infer_recorded(self, node: Node) -> list[Type]:
         """:meth:`_infer_node`, recorded for a later context of the same model, or replayed
         from the ``prior`` context's record when nothing the rule reads has changed."""
-        key = _record_key(self, node)
-        if key is None:
+        got = _record_key(self, node)
+        if got is None:
             return self._infer_node(node)
+        key, contents = got
         rec = self._prior.get(node) if self._prior is not None else None
-        if rec is not None and rec.key == key:
+        if rec is not None and not (rec.key == key and _same_values(rec.contents, contents)):
+            rec = None
+        if rec is None and self._prior is not None:
+            rec = self._replayable(key, contents)
+        if rec is not None:
             for o, (t, value, sources) in zip(node._outputs, rec.results):
                 self._types[o] = t
                 self._sources[o] = list(sources)
@@ -645,15 +652,34 @@ class ShapesContext:
             self.replayed += 1
             return [t for t, _v, _s in rec.results]
         n_eq, n_conf, n_alias = len(self.equalities), len(self.conflicts), len(self._alias_parent)
-        n_unknown = sum(self.unknown_ops.values())
+        n_unknown, n_symbols = sum(self.unknown_ops.values()), self._counter[0]
         out = self._infer_node(node)
         if len(self._alias_parent) == n_alias:  # alias classes are never replayed
             self._records[node] = _Record(
-                key, tuple((self._types.get(o), self._values.get(o), tuple(self._sources.get(o, ())))
-                           for o in node._outputs),
+                key, contents, tuple((self._types.get(o), self._values.get(o), tuple(self._sources.get(o, ())))
+                                     for o in node._outputs),
                 tuple(self.equalities[n_eq:]), tuple(self.conflicts[n_conf:]),
-                sum(self.unknown_ops.values()) != n_unknown)
+                sum(self.unknown_ops.values()) != n_unknown, self._counter[0] != n_symbols)
         return out
+
+    def _replayable(self, key: tuple, contents: tuple) -> _Record | None:
+        """A record of ``prior`` made by another node (a copy, a node rebuilt by a rewrite)
+        that read the same: its result is this node's, unless its rule made fresh symbols
+        (those name the dimensions of that node alone)."""
+        index = self._prior_index
+        if index is None:
+            index = self._prior_index = {}
+            for rec in self._prior.values():
+                if not rec.fresh:
+                    try:
+                        index.setdefault(rec.key, []).append(rec)
+                    except TypeError:  # an attribute value that cannot be hashed
+                        pass
+        try:
+            candidates = index.get(key, ())
+        except TypeError:
+            return None
+        return next((r for r in candidates if _same_values(r.contents, contents)), None)
 
     def _infer_node(self, node: Node) -> list[Type]:
         rule = self._rules.lookup(node.domain, node.op_type)
@@ -759,7 +785,7 @@ class ShapesContext:
         c._alias_parent = dict(self._alias_parent)
         c._alias_members = {k: list(v) for k, v in self._alias_members.items()}
         c._fn_cache = {}
-        c._records = c._prior = None
+        c._records = c._prior = c._prior_index = None
         c.replayed = 0
         return c
 
@@ -773,65 +799,59 @@ Attr_GRAPH, Attr_GRAPHS = AttrType.GRAPH, AttrType.GRAPHS
 
 
 class _Record:
-    """What inferring one node read (``key``) and wrote (its outputs' types, contents and
-    sources, the equalities and conflicts it added, whether its operator was unknown)."""
+    """What inferring one node read (``key``, ``contents``) and wrote (its outputs' types, contents and
+    sources, the equalities and conflicts it added, whether its operator was unknown, whether
+    it made fresh symbols)."""
 
-    __slots__ = ("key", "results", "equalities", "conflicts", "unknown")
+    __slots__ = ("key", "contents", "results", "equalities", "conflicts", "unknown", "fresh")
 
-    def __init__(self, key: tuple, results: tuple, equalities: tuple, conflicts: tuple, unknown: bool):
-        self.key, self.results, self.equalities = key, results, equalities
-        self.conflicts, self.unknown = conflicts, unknown
+    def __init__(self, key: tuple, contents: tuple, results: tuple, equalities: tuple, conflicts: tuple,
+                 unknown: bool, fresh: bool):
+        self.key, self.contents, self.results, self.equalities = key, contents, results, equalities
+        self.conflicts, self.unknown, self.fresh = conflicts, unknown, fresh
 
 
-_PLAIN = frozenset({int, float, str, bytes, bool, type(None)})
+def _same_element(x: Any, y: Any) -> bool:
+    if type(x) is not type(y) or x != y:
+        return False
+    return type(x) is not float or math.copysign(1.0, x) == math.copysign(1.0, y)  # -0.0 is not 0.0
 
 
 def _same_content(a: SymTensor, b: SymTensor) -> bool:
-    """Element by element the same tensor (numbers of one Python type, equal expressions)."""
+    """Element by element the same tensor (numbers of one Python type and sign, equal
+    expressions)."""
     if a.elem_type != b.elem_type or a.data.shape != b.data.shape:
         return False
-    for x, y in zip(a.data.flat, b.data.flat):
-        if type(x) is not type(y) or x != y:
+    return all(_same_element(x, y) for x, y in zip(a.data.flat, b.data.flat))
+
+
+def _same_payload(a: Tensor, b: Tensor) -> bool:
+    x, y = a.numpy(), b.numpy()
+    return x.dtype == y.dtype and x.shape == y.shape and x.tobytes() == y.tobytes()
+
+
+def _same_values(a: tuple, b: tuple) -> bool:
+    """The input contents of two records agree: unknown in both, or the same elements (a
+    known computed content), or the same bytes (a small initializer)."""
+    for x, y in zip(a, b):
+        if x is y:
+            continue
+        if x is None or y is None or type(x) is not type(y):
+            return False
+        if not (_same_content(x, y) if isinstance(x, SymTensor) else _same_payload(x, y)):
             return False
     return True
 
 
-class _Same:
-    """Equal to another ``_Same`` of the very same object (whatever the object's ``==``)."""
-
-    __slots__ = ("obj",)
-
-    def __init__(self, obj: Any):
-        self.obj = obj
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, _Same) and other.obj is self.obj
-
-    __hash__ = None  # type: ignore[assignment]
-
-
-class _Content:
-    """Equal to another ``_Content`` of the same tensor content (or both None)."""
-
-    __slots__ = ("obj",)
-
-    def __init__(self, obj: SymTensor | None):
-        self.obj = obj
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, _Content):
-            return False
-        a, b = self.obj, other.obj
-        return a is b or (a is not None and b is not None and _same_content(a, b))
-
-    __hash__ = None  # type: ignore[assignment]
-
-
-def _record_key(ctx: ShapesContext, node: Node) -> tuple | None:
-    """Everything an operator rule reads about ``node``: its operator and name, attributes,
-    inputs (object, known type and content, declared type, payload) and outputs (object,
-    name, declared type). None for a node whose inference reads more than that: control
-    flow (bodies), calls of local functions, and anything with aliases."""
+def _record_key(ctx: ShapesContext, node: Node) -> tuple[tuple, tuple] | None:
+    """Everything an operator rule reads about ``node``, as (key, contents): its operator,
+    name and attributes; per input, its known type (for an initializer: its payload's
+    element type and dims and its declared type, from which the known type follows) and
+    known content (for an initializer tracked element by element: its payload); per
+    output, whether it is named and its declared type. ``key`` compares with ``==``,
+    ``contents`` with :func:`_same_values`. Rules read values through the context only,
+    so two nodes with equal records infer the same. None for a node whose inference
+    reads more: control flow (bodies), calls of local functions, anything with aliases."""
     if node.output_alias:
         return None
     attrs = []
@@ -840,28 +860,36 @@ def _record_key(ctx: ShapesContext, node: Node) -> tuple | None:
         if t == Attr_GRAPH or t == Attr_GRAPHS or a.ref_attr_name:
             return None
         v = a.value
-        if type(v) is list:
-            v = tuple(x if type(x) in _PLAIN else _Same(x) for x in v)
-        elif type(v) not in _PLAIN:
-            v = _Same(v)
-        attrs.append((_Same(a), a.name, t, v))
-    if ctx.model is not None and (node.domain, node.op_type, node.overload) in ctx.model.functions:
+        attrs.append((a.name, t, tuple(v) if type(v) is list else v))  # tensors compare by identity
+    if ctx.model is not None and ctx.model.functions and \
+            (node.domain, node.op_type, node.overload) in ctx.model.functions:
         return None
-    types, values = ctx._types, ctx._values
+    types, values, parents = ctx._types, ctx._values, ctx._alias_parent
     ins: list[tuple | None] = []
+    contents: list[SymTensor | Tensor | None] = []
     for v in node._inputs:
+        c = None if v is None else v.const
         if v is None:
             ins.append(None)
-        elif v.alias_of is not None or v in ctx._alias_parent:
+            contents.append(None)
+        elif v.alias_of is not None or v in parents:
             return None
+        elif isinstance(c, Tensor):
+            ins.append((c.dtype, c.dims, v.type))
+            contents.append(c if trackable(c.dtype, c.size) else None)
+        elif c is not None:
+            ins.append((c, v.type))  # an encoded payload: by identity
+            contents.append(None)
         else:
-            ins.append((v, ctx.type_of(v), _Content(values.get(v)), v.type, _Same(v.const)))
+            ins.append((ctx.type_of(v),))
+            contents.append(values.get(v))
     outs = []
     for o in node._outputs:
-        if o.alias_of is not None or o in ctx._alias_parent or o in types:
+        if o.alias_of is not None or o in parents or o in types:
             return None
-        outs.append((o, o.name, o.type))
-    return (node.domain, node.op_type, node.overload, node.name, tuple(attrs), tuple(ins), tuple(outs))
+        outs.append((bool(o.name), o.type))
+    return ((node.domain, node.op_type, node.overload, node.name, tuple(attrs), tuple(ins), tuple(outs)),
+            tuple(contents))
 
 
 def _attr_key(a: Attr) -> Any:

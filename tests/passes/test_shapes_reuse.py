@@ -6,7 +6,7 @@ import numpy as np
 from onnx import TensorProto
 
 import onnxforge as of
-from onnxforge.graphbuilder.ir import Model, Value
+from onnxforge.graphbuilder.ir import Model, Node, Value
 from onnxforge.graphbuilder.tensors import Tensor
 from onnxforge.graphbuilder.shapes import ShapesContext
 from onnxforge.passes import AnalysisManager, PassManager
@@ -134,3 +134,41 @@ def test_a_debug_pipeline_keeps_no_dropped_result():
         pm = PassManager(["shape_folding", "dce"], debug=debug)
         assert pm(m).modified  # the shape arithmetic is rewritten
         assert (pm.analyses.dropped("shapes", m) is None) is debug
+
+
+def _rebuild(m: Model, op: str) -> None:
+    """Replace the ``op`` node by a new node object reading the same (as rewrites do)."""
+    old = _node(m, op)
+    name, old.outputs[0].name = old.outputs[0].name, ""
+    new = Node(old.domain, old.op_type, list(old.inputs), [name], name=old.name,
+               attributes=dict(old.attributes))
+    m.graph.insert_before(old, new)
+    old.outputs[0].replace_all_uses_with(new.outputs[0], outputs=True)
+    m.graph.remove(old)
+
+
+def test_a_rebuilt_node_that_reads_the_same_replays_the_record_of_the_old_one():
+    m = _chain()
+    am = AnalysisManager(m)
+    am.get("shapes")
+    am.invalidate()
+    _rebuild(m, "Transpose")
+    ctx = am.get("shapes")
+    assert ctx.replayed == len(m.graph)
+    assert _types(ctx, m) == _fresh(m)
+
+
+def test_a_record_that_made_fresh_symbols_serves_only_its_own_node():
+    g = of.GraphBuilder(opset=18, infer_shapes=False)
+    x = g.input("x", FLOAT, [6])
+    y = g.output(g.op.NonZero(x, _name="nz"), "y")  # [1, _nz0]: a count known at run time only
+    m = g.to_model()
+    am = AnalysisManager(m)
+    before = str(am.get("shapes").type_of(y))
+    am.invalidate()
+    assert am.get("shapes").replayed == 1  # the same node: its dimension stays its own
+    am.invalidate()
+    _rebuild(m, "NonZero")
+    ctx = am.get("shapes")
+    after = str(ctx.type_of(m.graph.outputs[0]))
+    assert ctx.replayed == 0 and after != before and after.startswith("INT64[1, _")
