@@ -18,8 +18,9 @@ Before / after::
 
 Payloads are read only for candidates: initializers are first grouped by
 (type, dims, byte length) without reading bytes, then by the first and last 32
-bytes of their payloads; within a group left each payload is hashed once with
-blake2b and, on a hash hit, compared byte for byte. Graph
+bytes of their payloads; within a group of three or more left each payload is
+hashed once with blake2b and, on a hash hit, compared byte for byte (two are
+compared directly). Graph
 inputs with a default (initializers that are also inputs) and initializers
 that are graph outputs are never merged away.
 """
@@ -68,7 +69,9 @@ def _merge_group(g: Graph, members: list[tuple[Value, Any]]) -> int:
     kept: dict[bytes, list[tuple[Value, Any]]] = {}
     removed = 0
     for v, data in members:
-        digest = hashlib.blake2b(data, digest_size=32).digest()
+        # two candidates (the usual case once probes agree) are compared directly: one
+        # comparison reads both once, hashing would read both and compare them still
+        digest = b"" if len(members) == 2 else hashlib.blake2b(data, digest_size=32).digest()
         same = kept.setdefault(digest, [])
         target = None
         for kv, kdata in same:
