@@ -638,9 +638,11 @@ class ShapesContext:
         if rec is None and self._prior is not None:
             rec = self._replayable(key, contents)
         if rec is not None:
+            label = _node_label(node)
             for o, (t, value, sources) in zip(node._outputs, rec.results):
                 self._types[o] = t
-                self._sources[o] = list(sources)
+                # the node that made the record may have had another name
+                self._sources[o] = [label if x == rec.label else x for x in sources]
                 if value is not None:
                     self._values[o] = value
             self.equalities.extend(rec.equalities)
@@ -659,18 +661,19 @@ class ShapesContext:
                 key, contents, tuple((self._types.get(o), self._values.get(o), tuple(self._sources.get(o, ())))
                                      for o in node._outputs),
                 tuple(self.equalities[n_eq:]), tuple(self.conflicts[n_conf:]),
-                sum(self.unknown_ops.values()) != n_unknown, self._counter[0] != n_symbols)
+                sum(self.unknown_ops.values()) != n_unknown, self._counter[0] != n_symbols, _node_label(node))
         return out
 
     def _replayable(self, key: tuple, contents: tuple) -> _Record | None:
         """A record of ``prior`` made by another node (a copy, a node rebuilt by a rewrite)
         that read the same: its result is this node's, unless its rule made fresh symbols
-        (those name the dimensions of that node alone)."""
+        (those name the dimensions of that node alone) or noted equalities or conflicts
+        (those name its values)."""
         index = self._prior_index
         if index is None:
             index = self._prior_index = {}
             for rec in self._prior.values():
-                if not rec.fresh:
+                if not (rec.fresh or rec.equalities or rec.conflicts):  # these name its values
                     try:
                         index.setdefault(rec.key, []).append(rec)
                     except TypeError:  # an attribute value that cannot be hashed
@@ -801,14 +804,14 @@ Attr_GRAPH, Attr_GRAPHS = AttrType.GRAPH, AttrType.GRAPHS
 class _Record:
     """What inferring one node read (``key``, ``contents``) and wrote (its outputs' types, contents and
     sources, the equalities and conflicts it added, whether its operator was unknown, whether
-    it made fresh symbols)."""
+    it made fresh symbols, and the label its sources name it by)."""
 
-    __slots__ = ("key", "contents", "results", "equalities", "conflicts", "unknown", "fresh")
+    __slots__ = ("key", "contents", "results", "equalities", "conflicts", "unknown", "fresh", "label")
 
     def __init__(self, key: tuple, contents: tuple, results: tuple, equalities: tuple, conflicts: tuple,
-                 unknown: bool, fresh: bool):
+                 unknown: bool, fresh: bool, label: str):
         self.key, self.contents, self.results, self.equalities = key, contents, results, equalities
-        self.conflicts, self.unknown, self.fresh = conflicts, unknown, fresh
+        self.conflicts, self.unknown, self.fresh, self.label = conflicts, unknown, fresh, label
 
 
 def _same_element(x: Any, y: Any) -> bool:
@@ -825,30 +828,21 @@ def _same_content(a: SymTensor, b: SymTensor) -> bool:
     return all(_same_element(x, y) for x, y in zip(a.data.flat, b.data.flat))
 
 
-def _same_payload(a: Tensor, b: Tensor) -> bool:
-    x, y = a.numpy(), b.numpy()
-    return x.dtype == y.dtype and x.shape == y.shape and x.tobytes() == y.tobytes()
-
-
 def _same_values(a: tuple, b: tuple) -> bool:
-    """The input contents of two records agree: unknown in both, or the same elements (a
-    known computed content), or the same bytes (a small initializer)."""
+    """The known input contents of two records agree: unknown in both, or the same elements."""
     for x, y in zip(a, b):
         if x is y:
             continue
-        if x is None or y is None or type(x) is not type(y):
-            return False
-        if not (_same_content(x, y) if isinstance(x, SymTensor) else _same_payload(x, y)):
+        if x is None or y is None or not _same_content(x, y):
             return False
     return True
 
 
 def _record_key(ctx: ShapesContext, node: Node) -> tuple[tuple, tuple] | None:
-    """Everything an operator rule reads about ``node``, as (key, contents): its operator,
-    name and attributes; per input, its known type (for an initializer: its payload's
-    element type and dims and its declared type, from which the known type follows) and
-    known content (for an initializer tracked element by element: its payload); per
-    output, whether it is named and its declared type. ``key`` compares with ``==``,
+    """Everything an operator rule reads about ``node``, as (key, contents): its operator
+    and attributes (its name only labels sources and messages); per input, its known type
+    and content (an encoded initializer: its payload, by identity); per output, whether it
+    is named and its declared type. ``key`` compares with ``==``,
     ``contents`` with :func:`_same_values`. Rules read values through the context only,
     so two nodes with equal records infer the same. None for a node whose inference
     reads more: control flow (bodies), calls of local functions, anything with aliases."""
@@ -874,22 +868,18 @@ def _record_key(ctx: ShapesContext, node: Node) -> tuple[tuple, tuple] | None:
             contents.append(None)
         elif v.alias_of is not None or v in parents:
             return None
-        elif isinstance(c, Tensor):
-            ins.append((c.dtype, c.dims, v.type))
-            contents.append(c if trackable(c.dtype, c.size) else None)
-        elif c is not None:
+        elif c is not None and not isinstance(c, Tensor):
             ins.append((c, v.type))  # an encoded payload: by identity
             contents.append(None)
-        else:
-            ins.append((ctx.type_of(v),))
+        else:  # an initializer is seeded as its rule would: it then reads like a Constant's output
+            ins.append(ctx.type_of(v))
             contents.append(values.get(v))
     outs = []
     for o in node._outputs:
         if o.alias_of is not None or o in parents or o in types:
             return None
         outs.append((bool(o.name), o.type))
-    return ((node.domain, node.op_type, node.overload, node.name, tuple(attrs), tuple(ins), tuple(outs)),
-            tuple(contents))
+    return ((node.domain, node.op_type, node.overload, tuple(attrs), tuple(ins), tuple(outs)), tuple(contents))
 
 
 def _attr_key(a: Attr) -> Any:
