@@ -272,7 +272,7 @@ class _Folder:
 
     def run(self, c: Container) -> None:
         for n in c:
-            if n.attributes and any(a.type in (AttrType.GRAPH, AttrType.GRAPHS)
+            if n.attributes and any(a.type == AttrType.GRAPH or a.type == AttrType.GRAPHS
                                     for a in n.attributes.values()):
                 for sg in n.subgraphs():
                     self.run(sg)
@@ -292,6 +292,11 @@ class _Folder:
         folding the same outer weight makes one initializer, not one per branch."""
         if not isinstance(c, Graph) or c.parent is None or any(c.is_output(o) for o in node.outputs):
             return c
+        for v in node.inputs:  # an input of c's own (the usual case) makes c the home
+            if v is not None:
+                p = v.producer()
+                if (p.graph if p is not None else v.graph) is c:
+                    return c
         depth: dict[int, int] = {}
         g: Graph | None = c
         k = 0
