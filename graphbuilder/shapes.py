@@ -371,6 +371,7 @@ class ShapesContext:
         self.equalities: list[tuple[Dim, Dim, str]] = []
         """Dimension pairs met on one value whose equality could not be decided (value name last)."""
         self.unknown_ops: dict[tuple[str, str], int] = {}
+        self._unknown_count = 0
         """Operators met without a rule or local function, with their count."""
         self._types: dict[Value, Type] = {}
         self._sources: dict[Value, list[str]] = {}
@@ -638,30 +639,36 @@ class ShapesContext:
         if rec is None and self._prior is not None:
             rec = self._replayable(key, contents)
         if rec is not None:
-            label = _node_label(node)
+            renamed = rec.name != node.name  # the node that made the record had another name
+            old, label = (_label(rec.key[0], rec.key[1], rec.name), _node_label(node)) if renamed else ("", "")
+            types, values, all_sources = self._types, self._values, self._sources
             for o, (t, value, sources) in zip(node._outputs, rec.results):
-                self._types[o] = t
-                # the node that made the record may have had another name
-                self._sources[o] = [label if x == rec.label else x for x in sources]
+                types[o] = t
+                all_sources[o] = [label if x == old else x for x in sources] if renamed else list(sources)
                 if value is not None:
-                    self._values[o] = value
-            self.equalities.extend(rec.equalities)
-            self.conflicts.extend(rec.conflicts)
+                    values[o] = value
+            if rec.equalities:
+                self.equalities.extend(rec.equalities)
+            if rec.conflicts:
+                self.conflicts.extend(rec.conflicts)
             if rec.unknown:
                 k = (node.domain, node.op_type)
                 self.unknown_ops[k] = self.unknown_ops.get(k, 0) + 1
+                self._unknown_count += 1
             self._records[node] = rec
             self.replayed += 1
             return [t for t, _v, _s in rec.results]
-        n_eq, n_conf, n_alias = len(self.equalities), len(self.conflicts), len(self._alias_parent)
-        n_unknown, n_symbols = sum(self.unknown_ops.values()), self._counter[0]
+        equalities, conflicts = self.equalities, self.conflicts
+        n_eq, n_conf, n_alias = len(equalities), len(conflicts), len(self._alias_parent)
+        n_unknown, n_symbols = self._unknown_count, self._counter[0]
         out = self._infer_node(node)
         if len(self._alias_parent) == n_alias:  # alias classes are never replayed
+            types, values, sources = self._types, self._values, self._sources
             self._records[node] = _Record(
-                key, contents, tuple((self._types.get(o), self._values.get(o), tuple(self._sources.get(o, ())))
-                                     for o in node._outputs),
-                tuple(self.equalities[n_eq:]), tuple(self.conflicts[n_conf:]),
-                sum(self.unknown_ops.values()) != n_unknown, self._counter[0] != n_symbols, _node_label(node))
+                key, contents, tuple((types.get(o), values.get(o), tuple(sources.get(o, ()))) for o in node._outputs),
+                tuple(equalities[n_eq:]) if len(equalities) != n_eq else (),
+                tuple(conflicts[n_conf:]) if len(conflicts) != n_conf else (),
+                self._unknown_count != n_unknown, self._counter[0] != n_symbols, node)
         return out
 
     def _replayable(self, key: tuple, contents: tuple) -> _Record | None:
@@ -699,6 +706,7 @@ class ShapesContext:
             else:
                 key = (node.domain, node.op_type)
                 self.unknown_ops[key] = self.unknown_ops.get(key, 0) + 1
+                self._unknown_count += 1
         self._node_aliases(node)
         return [self.type_of(o) for o in node.outputs]
 
@@ -782,7 +790,7 @@ class ShapesContext:
                   "_attr_env", "_active_calls"):
             setattr(c, k, getattr(self, k))
         c.write_back = False
-        c.equalities, c.conflicts, c.unknown_ops = [], [], {}
+        c.equalities, c.conflicts, c.unknown_ops, c._unknown_count = [], [], {}, 0
         c._types, c._values, c._alias_edges = dict(self._types), dict(self._values), dict(self._alias_edges)
         c._sources = {k: list(v) for k, v in self._sources.items()}
         c._alias_parent = dict(self._alias_parent)
@@ -804,14 +812,15 @@ Attr_GRAPH, Attr_GRAPHS = AttrType.GRAPH, AttrType.GRAPHS
 class _Record:
     """What inferring one node read (``key``, ``contents``) and wrote (its outputs' types, contents and
     sources, the equalities and conflicts it added, whether its operator was unknown, whether
-    it made fresh symbols, and the label its sources name it by)."""
+    it made fresh symbols) and the name of the node that made it, as it was then."""
 
-    __slots__ = ("key", "contents", "results", "equalities", "conflicts", "unknown", "fresh", "label")
+    __slots__ = ("key", "contents", "results", "equalities", "conflicts", "unknown", "fresh", "name")
 
     def __init__(self, key: tuple, contents: tuple, results: tuple, equalities: tuple, conflicts: tuple,
-                 unknown: bool, fresh: bool, label: str):
+                 unknown: bool, fresh: bool, node: Node):
         self.key, self.contents, self.results, self.equalities = key, contents, results, equalities
-        self.conflicts, self.unknown, self.fresh, self.label = conflicts, unknown, fresh, label
+        self.conflicts, self.unknown, self.fresh = conflicts, unknown, fresh
+        self.name = node.name  # the name its sources label it by
 
 
 def _same_element(x: Any, y: Any) -> bool:
@@ -866,7 +875,7 @@ def _record_key(ctx: ShapesContext, node: Node) -> tuple[tuple, tuple] | None:
         if v is None:
             ins.append(None)
             contents.append(None)
-        elif v.alias_of is not None or v in parents:
+        elif v.alias_of is not None or (parents and v in parents):
             return None
         elif c is not None and not isinstance(c, Tensor):
             ins.append((c, v.type))  # an encoded payload: by identity
@@ -876,7 +885,7 @@ def _record_key(ctx: ShapesContext, node: Node) -> tuple[tuple, tuple] | None:
             contents.append(values.get(v))
     outs = []
     for o in node._outputs:
-        if o.alias_of is not None or o in parents or o in types:
+        if o.alias_of is not None or o in types or (parents and o in parents):
             return None
         outs.append((bool(o.name), o.type))
     return ((node.domain, node.op_type, node.overload, tuple(attrs), tuple(ins), tuple(outs)), tuple(contents))
@@ -893,8 +902,12 @@ def _attr_key(a: Attr) -> Any:
 
 
 def _node_label(node: Node) -> str:
-    dom = f"{node.domain}::" if node.domain else ""
-    return f"node {node.name!r} ({dom}{node.op_type})" if node.name else f"{dom}{node.op_type} node"
+    return _label(node.domain, node.op_type, node.name)
+
+
+def _label(domain: str, op_type: str, name: str) -> str:
+    dom = f"{domain}::" if domain else ""
+    return f"node {name!r} ({dom}{op_type})" if name else f"{dom}{op_type} node"
 
 
 def _scope_values(g: Graph | Function) -> Iterable[Value]:
