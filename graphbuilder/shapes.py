@@ -389,12 +389,14 @@ class ShapesContext:
         self.replayed = 0
         """Nodes whose inference was taken from ``prior`` (their inputs had not changed)."""
         self._records: dict[Node, _Record] | None = {} if memo else None
+        self._seeds: dict[Value, tuple] | None = {} if memo else None  # initializers' seeds
         self._prior: dict[Node, _Record] | None = None
+        self._prior_seeds: dict[Value, tuple] | None = None
         self._prior_index: dict[tuple, list[_Record]] | None = None
         if memo and prior is not None and prior._records is not None and prior.graph is self.graph \
                 and prior.opsets == self.opsets and prior.trust_declared == trust_declared \
                 and prior.strict == strict and not prior.write_back and not write_back:
-            self._prior = prior._records
+            self._prior, self._prior_seeds = prior._records, prior._seeds
             self._counter = [prior._counter[0]]  # symbols made from here on are new to both
 
     # -- reading ---------------------------------------------------------------------
@@ -499,9 +501,29 @@ class ShapesContext:
             value.type = t
 
     def _seed(self, value: Value) -> Type:
+        c = value.const
+        if c is not None and self._seeds is not None:
+            return self._seed_initializer(value, c)
+        return self._seed_value(value, c)
+
+    def _seed_initializer(self, value: Value, c: Tensor | EncodedTensor) -> Type:
+        """:meth:`_seed_value` of an initializer, recorded; taken from ``prior`` when the
+        payload record and the declared type are the very same objects."""
+        hit = self._prior_seeds.get(value) if self._prior_seeds is not None else None
+        if hit is not None and hit[0] is c and hit[1] is value.type:
+            _c, _d, t, content, sources = hit
+            self._types[value] = t
+            self._sources[value] = list(sources)
+            if content is not None:
+                self._values[value] = content
+        else:
+            t = self._seed_value(value, c)
+        self._seeds[value] = (c, value.type, t, self._values.get(value), tuple(self._sources[value]))
+        return t
+
+    def _seed_value(self, value: Value, c: Tensor | EncodedTensor | None) -> Type:
         t: Type = None
         src: list[str] = []
-        c = value.const
         if isinstance(c, Tensor):
             t = TensorType(c.dtype, c.dims)
             src.append("initializer")
@@ -796,7 +818,7 @@ class ShapesContext:
         c._alias_parent = dict(self._alias_parent)
         c._alias_members = {k: list(v) for k, v in self._alias_members.items()}
         c._fn_cache = {}
-        c._records = c._prior = c._prior_index = None
+        c._records = c._prior = c._prior_index = c._seeds = c._prior_seeds = None
         c.replayed = 0
         return c
 
