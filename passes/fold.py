@@ -290,13 +290,17 @@ class _Folder:
         """Where ``node``'s folded results go: the innermost graph that defines one of its
         inputs (an ancestor of ``c``, or ``c``), so that one node of each branch of an ``If``
         folding the same outer weight makes one initializer, not one per branch."""
-        if not isinstance(c, Graph) or c.parent is None or any(c.is_output(o) for o in node.outputs):
+        if not isinstance(c, Graph) or c.parent is None:
             return c
-        for v in node.inputs:  # an input of c's own (the usual case) makes c the home
+        outer = False
+        for v in node.inputs:  # no input from outside c (the usual case): c is the home
             if v is not None:
                 p = v.producer()
                 if (p.graph if p is not None else v.graph) is c:
                     return c
+                outer = True
+        if not outer or any(c.is_output(o) for o in node.outputs):
+            return c
         depth: dict[int, int] = {}
         g: Graph | None = c
         k = 0
