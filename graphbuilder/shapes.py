@@ -967,9 +967,16 @@ def topological_order(g: Graph | Function) -> list[Node]:
     deps: dict[int, set[int]] = {}
     sorted_already = True
     for i, n in enumerate(nodes):
-        d = {position[id(p)] for p in _outer_producers(n, g)}
+        if n.attributes and n.subgraphs():
+            d = {position[id(p)] for p in _outer_producers(n, g)}
+        else:  # no body: the producers of its inputs
+            d = set()
+            for v in n._inputs:
+                p = v._producer if v is not None else None
+                if p is not None and p.graph is g:
+                    d.add(position[id(p)])
         deps[i] = d
-        if any(j >= i for j in d):
+        if sorted_already and any(j >= i for j in d):
             sorted_already = False
     if sorted_already:
         return nodes
