@@ -99,6 +99,14 @@ class Alias:
 _GRAPH, _GRAPHS = AttrType.GRAPH, AttrType.GRAPHS
 
 
+def _has_graph(n: "Node") -> bool:
+    """Whether ``n`` has a graph-valued attribute (a walk asks this of every node)."""
+    for a in n.attributes.values():
+        if a.type == _GRAPH or a.type == _GRAPHS:
+            return True
+    return False
+
+
 class Value:
     """An SSA value: produced by at most one node (or a graph input / initializer)."""
 
@@ -546,7 +554,7 @@ class Graph(_Body):
         """This graph and every subgraph, depth first."""
         yield self
         for n in self:
-            if n.attributes:
+            if n.attributes and _has_graph(n):
                 for sg in n.subgraphs():
                     yield from sg.all_graphs()
 
@@ -608,7 +616,7 @@ class Function(_Body):
 
     def all_graphs(self) -> Iterator[Graph]:
         for n in self:
-            if n.attributes:
+            if n.attributes and _has_graph(n):
                 for sg in n.subgraphs():
                     yield from sg.all_graphs()
 
