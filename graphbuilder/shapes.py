@@ -886,24 +886,26 @@ def _record_key(ctx: ShapesContext, node: Node) -> tuple[tuple, tuple] | None:
             return None
         v = a.value
         attrs.append((a.name, t, tuple(v) if type(v) is list else v))  # tensors compare by identity
-    if ctx.model is not None and ctx.model.functions and \
-            (node.domain, node.op_type, node.overload) in ctx.model.functions:
+    model = ctx.model
+    if model is not None and model.functions and (node.domain, node.op_type, node.overload) in model.functions:
         return None
-    types, values, parents = ctx._types, ctx._values, ctx._alias_parent
-    ins: list[tuple | None] = []
-    contents: list[SymTensor | Tensor | None] = []
+    types, values, parents, type_of = ctx._types, ctx._values, ctx._alias_parent, ctx.type_of
+    ins: list[Any] = []
+    contents: list[SymTensor | None] = []
     for v in node._inputs:
-        c = None if v is None else v.const
         if v is None:
             ins.append(None)
             contents.append(None)
-        elif v.alias_of is not None or (parents and v in parents):
+            continue
+        if v.alias_of is not None or (parents and v in parents):
             return None
-        elif c is not None and not isinstance(c, Tensor):
+        c = v.const
+        if c is not None and type(c) is not Tensor and not isinstance(c, Tensor):
             ins.append((c, v.type))  # an encoded payload: by identity
             contents.append(None)
         else:  # an initializer is seeded as its rule would: it then reads like a Constant's output
-            ins.append(ctx.type_of(v))
+            t = types.get(v, _MISSING)
+            ins.append(type_of(v) if t is _MISSING else t)
             contents.append(values.get(v))
     outs = []
     for o in node._outputs:
