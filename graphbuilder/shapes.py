@@ -40,7 +40,6 @@ without a rule and without a local function leave their outputs as declared
 from __future__ import annotations
 
 import heapq
-import math
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
@@ -48,7 +47,8 @@ import numpy as np
 from onnx import TensorProto
 
 from onnxforge.proto_ext.errors import OnnxforgeError
-from onnxforge.graphbuilder.ir import MUST_ALIAS, Attr, AttrType, Function, Graph, Model, Node, Value
+from onnxforge.graphbuilder.ir import MUST_ALIAS, Attr, Function, Graph, Model, Node, Value
+from onnxforge.graphbuilder.shapes_memo import Record, find_record, node_label, record_key, replay
 from onnxforge.graphbuilder.storage import Storage
 from onnxforge.graphbuilder.symbolic import Dim, SymbolicError, SymExpr, as_dim, dims_equal, symbol
 from onnxforge.graphbuilder.tensors import EncodedTensor, Tensor, np_dtype
@@ -344,13 +344,15 @@ class ShapesContext:
             computed type replaces it and the conflict is listed in
             :attr:`conflicts` (some exporters write wrong value_info).
         opset_imports: opsets to assume (default: the model's or function's).
-        memo: record, per node, what its rule read and wrote, for a later context.
+        memo: record, per node, what its rule read and wrote, for a later context
+            (:mod:`onnxforge.graphbuilder.shapes_memo`).
         prior: an earlier ``memo`` context of the same target: a node whose operator,
-            attributes, input values (object, type, content, declared type, payload) and
-            outputs are what ``prior`` saw takes ``prior``'s result instead of running its
-            rule again (control flow, function calls and aliased values always run).
-            Only symbols made fresh from then on are numbered after ``prior``'s; every
-            type is what a context without ``prior`` infers.
+            attributes, known input types and contents, and output names and declared
+            types are what a node of ``prior`` saw takes that result instead of running
+            its rule again (control flow, function calls and aliased values always run;
+            a result that made fresh symbols serves only the node that made it). Only
+            symbols made fresh from then on are numbered after ``prior``'s; every type
+            is what a context without ``prior`` infers.
     """
 
     def __init__(self, target: Model | Graph | Function, *, trust_declared: bool = True,
@@ -371,8 +373,8 @@ class ShapesContext:
         self.equalities: list[tuple[Dim, Dim, str]] = []
         """Dimension pairs met on one value whose equality could not be decided (value name last)."""
         self.unknown_ops: dict[tuple[str, str], int] = {}
-        self._unknown_count = 0
         """Operators met without a rule or local function, with their count."""
+        self._unknown_count = 0
         self._types: dict[Value, Type] = {}
         self._sources: dict[Value, list[str]] = {}
         self._values: dict[Value, SymTensor] = {}
@@ -388,11 +390,11 @@ class ShapesContext:
         self._rules = _infer
         self.replayed = 0
         """Nodes whose inference was taken from ``prior`` (their inputs had not changed)."""
-        self._records: dict[Node, _Record] | None = {} if memo else None
+        self._records: dict[Node, Record] | None = {} if memo else None
         self._seeds: dict[Value, tuple] | None = {} if memo else None  # initializers' seeds
-        self._prior: dict[Node, _Record] | None = None
+        self._prior: dict[Node, Record] | None = None
         self._prior_seeds: dict[Value, tuple] | None = None
-        self._prior_index: dict[tuple, list[_Record]] | None = None
+        self._prior_index: dict[tuple, list[Record]] | None = None
         if memo and prior is not None and prior._records is not None and prior.graph is self.graph \
                 and prior.opsets == self.opsets and prior.trust_declared == trust_declared \
                 and prior.strict == strict and not prior.write_back and not write_back:
@@ -650,33 +652,14 @@ class ShapesContext:
 
     def _infer_recorded(self, node: Node) -> list[Type]:
         """:meth:`_infer_node`, recorded for a later context of the same model, or replayed
-        from the ``prior`` context's record when nothing the rule reads has changed."""
-        got = _record_key(self, node)
+        from a record of the ``prior`` context when the node reads what it read."""
+        got = record_key(self, node)
         if got is None:
             return self._infer_node(node)
         key, contents = got
-        rec = self._prior.get(node) if self._prior is not None else None
-        if rec is not None and not (rec.key == key and _same_values(rec.contents, contents)):
-            rec = None
-        if rec is None and self._prior is not None:
-            rec = self._replayable(key, contents)
+        rec = find_record(self, node, key, contents) if self._prior is not None else None
         if rec is not None:
-            renamed = rec.name != node.name  # the node that made the record had another name
-            old, label = (_label(rec.key[0], rec.key[1], rec.name), _node_label(node)) if renamed else ("", "")
-            types, values, all_sources = self._types, self._values, self._sources
-            for o, (t, value, sources) in zip(node._outputs, rec.results):
-                types[o] = t
-                all_sources[o] = [label if x == old else x for x in sources] if renamed else list(sources)
-                if value is not None:
-                    values[o] = value
-            if rec.equalities:
-                self.equalities.extend(rec.equalities)
-            if rec.conflicts:
-                self.conflicts.extend(rec.conflicts)
-            if rec.unknown:
-                k = (node.domain, node.op_type)
-                self.unknown_ops[k] = self.unknown_ops.get(k, 0) + 1
-                self._unknown_count += 1
+            replay(self, node, rec)
             self._records[node] = rec
             self.replayed += 1
             return [t for t, _v, _s in rec.results]
@@ -686,32 +669,12 @@ class ShapesContext:
         out = self._infer_node(node)
         if len(self._alias_parent) == n_alias:  # alias classes are never replayed
             types, values, sources = self._types, self._values, self._sources
-            self._records[node] = _Record(
+            self._records[node] = Record(
                 key, contents, tuple((types.get(o), values.get(o), tuple(sources.get(o, ()))) for o in node._outputs),
                 tuple(equalities[n_eq:]) if len(equalities) != n_eq else (),
                 tuple(conflicts[n_conf:]) if len(conflicts) != n_conf else (),
                 self._unknown_count != n_unknown, self._counter[0] != n_symbols, node)
         return out
-
-    def _replayable(self, key: tuple, contents: tuple) -> _Record | None:
-        """A record of ``prior`` made by another node (a copy, a node rebuilt by a rewrite)
-        that read the same: its result is this node's, unless its rule made fresh symbols
-        (those name the dimensions of that node alone) or noted equalities or conflicts
-        (those name its values)."""
-        index = self._prior_index
-        if index is None:
-            index = self._prior_index = {}
-            for rec in self._prior.values():
-                if not (rec.fresh or rec.equalities or rec.conflicts):  # these name its values
-                    try:
-                        index.setdefault(rec.key, []).append(rec)
-                    except TypeError:  # an attribute value that cannot be hashed
-                        pass
-        try:
-            candidates = index.get(key, ())
-        except TypeError:
-            return None
-        return next((r for r in candidates if _same_values(r.contents, contents)), None)
 
     def _infer_node(self, node: Node) -> list[Type]:
         rule = self._rules.lookup(node.domain, node.op_type)
@@ -827,94 +790,6 @@ class ShapesContext:
         return iter(list(self._types.items()))
 
 
-_MISSING = object()
-Attr_GRAPH, Attr_GRAPHS = AttrType.GRAPH, AttrType.GRAPHS
-
-
-class _Record:
-    """What inferring one node read (``key``, ``contents``) and wrote (its outputs' types, contents and
-    sources, the equalities and conflicts it added, whether its operator was unknown, whether
-    it made fresh symbols) and the name of the node that made it, as it was then."""
-
-    __slots__ = ("key", "contents", "results", "equalities", "conflicts", "unknown", "fresh", "name")
-
-    def __init__(self, key: tuple, contents: tuple, results: tuple, equalities: tuple, conflicts: tuple,
-                 unknown: bool, fresh: bool, node: Node):
-        self.key, self.contents, self.results, self.equalities = key, contents, results, equalities
-        self.conflicts, self.unknown, self.fresh = conflicts, unknown, fresh
-        self.name = node.name  # the name its sources label it by
-
-
-def _same_element(x: Any, y: Any) -> bool:
-    if type(x) is not type(y) or x != y:
-        return False
-    return type(x) is not float or math.copysign(1.0, x) == math.copysign(1.0, y)  # -0.0 is not 0.0
-
-
-def _same_content(a: SymTensor, b: SymTensor) -> bool:
-    """Element by element the same tensor (numbers of one Python type and sign, equal
-    expressions)."""
-    if a.elem_type != b.elem_type or a.data.shape != b.data.shape:
-        return False
-    return all(_same_element(x, y) for x, y in zip(a.data.flat, b.data.flat))
-
-
-def _same_values(a: tuple, b: tuple) -> bool:
-    """The known input contents of two records agree: unknown in both, or the same elements."""
-    for x, y in zip(a, b):
-        if x is y:
-            continue
-        if x is None or y is None or not _same_content(x, y):
-            return False
-    return True
-
-
-def _record_key(ctx: ShapesContext, node: Node) -> tuple[tuple, tuple] | None:
-    """Everything an operator rule reads about ``node``, as (key, contents): its operator
-    and attributes (its name only labels sources and messages); per input, its known type
-    and content (an encoded initializer: its payload, by identity); per output, whether it
-    is named and its declared type. ``key`` compares with ``==``,
-    ``contents`` with :func:`_same_values`. Rules read values through the context only,
-    so two nodes with equal records infer the same. None for a node whose inference
-    reads more: control flow (bodies), calls of local functions, anything with aliases."""
-    if node.output_alias:
-        return None
-    attrs = []
-    for a in node.attributes.values():
-        t = a.type
-        if t == Attr_GRAPH or t == Attr_GRAPHS or a.ref_attr_name:
-            return None
-        v = a.value
-        attrs.append((a.name, t, tuple(v) if type(v) is list else v))  # tensors compare by identity
-    model = ctx.model
-    if model is not None and model.functions and (node.domain, node.op_type, node.overload) in model.functions:
-        return None
-    types, values, parents, type_of = ctx._types, ctx._values, ctx._alias_parent, ctx.type_of
-    ins: list[Any] = []
-    contents: list[SymTensor | None] = []
-    for v in node._inputs:
-        if v is None:
-            ins.append(None)
-            contents.append(None)
-            continue
-        if v.alias_of is not None or (parents and v in parents):
-            return None
-        c = v.const
-        if c is not None and type(c) is not Tensor and not isinstance(c, Tensor):
-            ins.append((c, v.type))  # an encoded payload: by identity
-            contents.append(None)
-        else:  # an initializer is seeded as its rule would: it then reads like a Constant's output
-            t = types.get(v, _MISSING)
-            ins.append(type_of(v) if t is _MISSING else t)
-            contents.append(values.get(v))
-    outs = []
-    for o in node._outputs:
-        if o.alias_of is not None or o in types or (parents and o in parents):
-            return None
-        outs.append((bool(o.name), o.type))
-    return ((node.domain, node.op_type, node.overload, tuple(attrs), tuple(ins), tuple(outs)), tuple(contents))
-
-
 def _attr_key(a: Attr) -> Any:
     """Hashable identity of an attribute value (tensors and graphs by object identity)."""
     v = a.value
@@ -926,12 +801,7 @@ def _attr_key(a: Attr) -> Any:
 
 
 def _node_label(node: Node) -> str:
-    return _label(node.domain, node.op_type, node.name)
-
-
-def _label(domain: str, op_type: str, name: str) -> str:
-    dom = f"{domain}::" if domain else ""
-    return f"node {name!r} ({dom}{op_type})" if name else f"{dom}{op_type} node"
+    return node_label(node.domain, node.op_type, node.name)
 
 
 def _scope_values(g: Graph | Function) -> Iterable[Value]:
