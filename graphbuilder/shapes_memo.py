@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Record", "find_record", "node_label", "record_key", "replay", "same_values"]
 
-_GRAPH, _GRAPHS = AttrType.GRAPH, AttrType.GRAPHS
+_GRAPH, _GRAPHS, _FLOATS = AttrType.GRAPH, AttrType.GRAPHS, AttrType.FLOATS
 _MISSING = object()
 
 
@@ -51,6 +51,11 @@ class Record:
         self.key, self.contents, self.results, self.equalities = key, contents, results, equalities
         self.conflicts, self.unknown, self.fresh = conflicts, unknown, fresh
         self.name = node.name  # the name its sources label it by
+
+
+def _signed(x: Any) -> Any:
+    """A float with its sign (``-0.0 == 0.0``, but a rule may tell them apart)."""
+    return (x, math.copysign(1.0, x)) if type(x) is float else x
 
 
 def _same_element(x: Any, y: Any) -> bool:
@@ -93,7 +98,11 @@ def record_key(ctx: ShapesContext, node: Node) -> tuple[tuple, tuple] | None:
         if t == _GRAPH or t == _GRAPHS or a.ref_attr_name:
             return None
         v = a.value
-        attrs.append((a.name, t, tuple(v) if type(v) is list else v))  # tensors compare by identity
+        if type(v) is list:
+            v = tuple(_signed(x) for x in v) if t == _FLOATS else tuple(v)
+        elif type(v) is float:
+            v = _signed(v)
+        attrs.append((a.name, t, v))  # tensors compare by identity
     model = ctx.model
     if model is not None and model.functions and (node.domain, node.op_type, node.overload) in model.functions:
         return None

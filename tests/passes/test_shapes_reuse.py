@@ -6,7 +6,7 @@ import numpy as np
 from onnx import TensorProto
 
 import onnxforge as of
-from onnxforge.graphbuilder.ir import Model, Node, Value
+from onnxforge.graphbuilder.ir import Attr, AttrType, Model, Node, Value
 from onnxforge.graphbuilder.tensors import Tensor
 from onnxforge.graphbuilder.shapes import ShapesContext
 from onnxforge.passes import AnalysisManager, PassManager
@@ -172,3 +172,20 @@ def test_a_record_that_made_fresh_symbols_serves_only_its_own_node():
     ctx = am.get("shapes")
     after = str(ctx.type_of(m.graph.outputs[0]))
     assert ctx.replayed == 0 and after != before and after.startswith("INT64[1, _")
+
+
+def test_a_constant_whose_float_value_changes_sign_is_inferred_again():
+    g = of.GraphBuilder(opset=18, infer_shapes=False)
+    c = g.constant(np.array(0.0, np.float32))
+    node = c.producer()
+    y = g.output(g.op.Div(g.initializer("one", np.array(1.0, np.float32)), c), "y")
+    m = g.to_model()
+    node.attributes.clear()
+    node.attributes["value_float"] = Attr("value_float", AttrType.FLOAT, 0.0)
+    am = AnalysisManager(m)
+    assert am.get("shapes").value_of(c).flat() == [0.0]
+    am.invalidate()
+    node.attributes["value_float"].value = -0.0  # equal to 0.0, but another constant
+    ctx = am.get("shapes")
+    assert str(ctx.value_of(c).flat()[0]) == "-0.0" and ctx.replayed < len(m.graph)
+    assert str(ctx.type_of(y)) == "FLOAT[]"
