@@ -96,6 +96,17 @@ class Alias:
     kind: int = MUST_ALIAS
 
 
+_GRAPH, _GRAPHS = AttrType.GRAPH, AttrType.GRAPHS
+
+
+def _has_graph(n: "Node") -> bool:
+    """Whether ``n`` has a graph-valued attribute (a walk asks this of every node)."""
+    for a in n.attributes.values():
+        if a.type == _GRAPH or a.type == _GRAPHS:
+            return True
+    return False
+
+
 class Value:
     """An SSA value: produced by at most one node (or a graph input / initializer)."""
 
@@ -288,7 +299,12 @@ class Node:
     def subgraphs(self) -> list["Graph"]:
         out: list[Graph] = []
         for a in self.attributes.values():
-            out.extend(a.graphs())
+            t = a.type  # inlined Attr.graphs: this is asked of every node by every model walk
+            if t == _GRAPH:
+                if a.value is not None:
+                    out.append(a.value)
+            elif t == _GRAPHS and a.value:
+                out.extend(a.value)
         return out
 
     @property
@@ -538,8 +554,9 @@ class Graph(_Body):
         """This graph and every subgraph, depth first."""
         yield self
         for n in self:
-            for sg in n.subgraphs():
-                yield from sg.all_graphs()
+            if n.attributes and _has_graph(n):
+                for sg in n.subgraphs():
+                    yield from sg.all_graphs()
 
     def all_nodes(self) -> Iterator[Node]:
         for g in self.all_graphs():
@@ -599,8 +616,9 @@ class Function(_Body):
 
     def all_graphs(self) -> Iterator[Graph]:
         for n in self:
-            for sg in n.subgraphs():
-                yield from sg.all_graphs()
+            if n.attributes and _has_graph(n):
+                for sg in n.subgraphs():
+                    yield from sg.all_graphs()
 
     def path(self) -> str:
         return f"functions[{self.domain + '::' + self.name!r}]"

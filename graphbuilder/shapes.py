@@ -48,6 +48,7 @@ from onnx import TensorProto
 
 from onnxforge.proto_ext.errors import OnnxforgeError
 from onnxforge.graphbuilder.ir import MUST_ALIAS, Attr, Function, Graph, Model, Node, Value
+from onnxforge.graphbuilder.shapes_memo import Record, find_record, node_label, record_key, replay
 from onnxforge.graphbuilder.storage import Storage
 from onnxforge.graphbuilder.symbolic import Dim, SymbolicError, SymExpr, as_dim, dims_equal, symbol
 from onnxforge.graphbuilder.tensors import EncodedTensor, Tensor, np_dtype
@@ -343,11 +344,21 @@ class ShapesContext:
             computed type replaces it and the conflict is listed in
             :attr:`conflicts` (some exporters write wrong value_info).
         opset_imports: opsets to assume (default: the model's or function's).
+        memo: record, per node, what its rule read and wrote, for a later context
+            (:mod:`onnxforge.graphbuilder.shapes_memo`).
+        prior: an earlier ``memo`` context of the same target: a node whose operator,
+            attributes, known input types and contents, and output names and declared
+            types are what a node of ``prior`` saw takes that result instead of running
+            its rule again (control flow, function calls and aliased values always run;
+            a result that made fresh symbols serves only the node that made it). Only
+            symbols made fresh from then on are numbered after ``prior``'s; every type
+            is what a context without ``prior`` infers.
     """
 
     def __init__(self, target: Model | Graph | Function, *, trust_declared: bool = True,
                  write_back: bool = True, strict: bool = True,
-                 opset_imports: dict[str, int] | None = None):
+                 opset_imports: dict[str, int] | None = None, memo: bool = False,
+                 prior: ShapesContext | None = None):
         if not isinstance(target, (Model, Graph, Function)):
             raise TypeError(f"ShapesContext needs a Model, Graph or Function, got {type(target).__name__}")
         self.model: Model | None = target if isinstance(target, Model) else None
@@ -363,6 +374,7 @@ class ShapesContext:
         """Dimension pairs met on one value whose equality could not be decided (value name last)."""
         self.unknown_ops: dict[tuple[str, str], int] = {}
         """Operators met without a rule or local function, with their count."""
+        self._unknown_count = 0
         self._types: dict[Value, Type] = {}
         self._sources: dict[Value, list[str]] = {}
         self._values: dict[Value, SymTensor] = {}
@@ -376,6 +388,18 @@ class ShapesContext:
         from onnxforge.graphbuilder import infer as _infer
 
         self._rules = _infer
+        self.replayed = 0
+        """Nodes whose inference was taken from ``prior`` (their inputs had not changed)."""
+        self._records: dict[Node, Record] | None = {} if memo else None
+        self._seeds: dict[Value, tuple] | None = {} if memo else None  # initializers' seeds
+        self._prior: dict[Node, Record] | None = None
+        self._prior_seeds: dict[Value, tuple] | None = None
+        self._prior_index: dict[tuple, list[Record]] | None = None
+        if memo and prior is not None and prior._records is not None and prior.graph is self.graph \
+                and prior.opsets == self.opsets and prior.trust_declared == trust_declared \
+                and prior.strict == strict and not prior.write_back and not write_back:
+            self._prior, self._prior_seeds = prior._records, prior._seeds
+            self._counter = [prior._counter[0]]  # symbols made from here on are new to both
 
     # -- reading ---------------------------------------------------------------------
     def type_of(self, value: Value | None) -> Type:
@@ -479,9 +503,29 @@ class ShapesContext:
             value.type = t
 
     def _seed(self, value: Value) -> Type:
+        c = value.const
+        if c is not None and self._seeds is not None:
+            return self._seed_initializer(value, c)
+        return self._seed_value(value, c)
+
+    def _seed_initializer(self, value: Value, c: Tensor | EncodedTensor) -> Type:
+        """:meth:`_seed_value` of an initializer, recorded; taken from ``prior`` when the
+        payload record and the declared type are the very same objects."""
+        hit = self._prior_seeds.get(value) if self._prior_seeds is not None else None
+        if hit is not None and hit[0] is c and hit[1] is value.type:
+            _c, _d, t, content, sources = hit
+            self._types[value] = t
+            self._sources[value] = list(sources)
+            if content is not None:
+                self._values[value] = content
+        else:
+            t = self._seed_value(value, c)
+        self._seeds[value] = (c, value.type, t, self._values.get(value), tuple(self._sources[value]))
+        return t
+
+    def _seed_value(self, value: Value, c: Tensor | EncodedTensor | None) -> Type:
         t: Type = None
         src: list[str] = []
-        c = value.const
         if isinstance(c, Tensor):
             t = TensorType(c.dtype, c.dims)
             src.append("initializer")
@@ -602,6 +646,37 @@ class ShapesContext:
     # -- inference -------------------------------------------------------------------
     def infer_node(self, node: Node) -> list[Type]:
         """Infer the output types of one node from what is known of its inputs."""
+        if self._records is not None:
+            return self._infer_recorded(node)
+        return self._infer_node(node)
+
+    def _infer_recorded(self, node: Node) -> list[Type]:
+        """:meth:`_infer_node`, recorded for a later context of the same model, or replayed
+        from a record of the ``prior`` context when the node reads what it read."""
+        got = record_key(self, node)
+        if got is None:
+            return self._infer_node(node)
+        key, contents = got
+        rec = find_record(self, node, key, contents) if self._prior is not None else None
+        if rec is not None:
+            replay(self, node, rec)
+            self._records[node] = rec
+            self.replayed += 1
+            return [t for t, _v, _s in rec.results]
+        equalities, conflicts = self.equalities, self.conflicts
+        n_eq, n_conf, n_alias = len(equalities), len(conflicts), len(self._alias_parent)
+        n_unknown, n_symbols = self._unknown_count, self._counter[0]
+        out = self._infer_node(node)
+        if len(self._alias_parent) == n_alias:  # alias classes are never replayed
+            types, values, sources = self._types, self._values, self._sources
+            self._records[node] = Record(
+                key, contents, tuple((types.get(o), values.get(o), tuple(sources.get(o, ()))) for o in node._outputs),
+                tuple(equalities[n_eq:]) if len(equalities) != n_eq else (),
+                tuple(conflicts[n_conf:]) if len(conflicts) != n_conf else (),
+                self._unknown_count != n_unknown, self._counter[0] != n_symbols, node)
+        return out
+
+    def _infer_node(self, node: Node) -> list[Type]:
         rule = self._rules.lookup(node.domain, node.op_type)
         if rule is not None:
             op = self._rules.NodeInference(self, node)
@@ -616,6 +691,7 @@ class ShapesContext:
             else:
                 key = (node.domain, node.op_type)
                 self.unknown_ops[key] = self.unknown_ops.get(key, 0) + 1
+                self._unknown_count += 1
         self._node_aliases(node)
         return [self.type_of(o) for o in node.outputs]
 
@@ -699,20 +775,19 @@ class ShapesContext:
                   "_attr_env", "_active_calls"):
             setattr(c, k, getattr(self, k))
         c.write_back = False
-        c.equalities, c.conflicts, c.unknown_ops = [], [], {}
+        c.equalities, c.conflicts, c.unknown_ops, c._unknown_count = [], [], {}, 0
         c._types, c._values, c._alias_edges = dict(self._types), dict(self._values), dict(self._alias_edges)
         c._sources = {k: list(v) for k, v in self._sources.items()}
         c._alias_parent = dict(self._alias_parent)
         c._alias_members = {k: list(v) for k, v in self._alias_members.items()}
         c._fn_cache = {}
+        c._records = c._prior = c._prior_index = c._seeds = c._prior_seeds = None
+        c.replayed = 0
         return c
 
     def values(self) -> Iterator[tuple[Value, Type]]:
         """Every value with known (or seeded) type, and its type."""
         return iter(list(self._types.items()))
-
-
-_MISSING = object()
 
 
 def _attr_key(a: Attr) -> Any:
@@ -726,8 +801,7 @@ def _attr_key(a: Attr) -> Any:
 
 
 def _node_label(node: Node) -> str:
-    dom = f"{node.domain}::" if node.domain else ""
-    return f"node {node.name!r} ({dom}{node.op_type})" if node.name else f"{dom}{node.op_type} node"
+    return node_label(node.domain, node.op_type, node.name)
 
 
 def _scope_values(g: Graph | Function) -> Iterable[Value]:
@@ -765,9 +839,16 @@ def topological_order(g: Graph | Function) -> list[Node]:
     deps: dict[int, set[int]] = {}
     sorted_already = True
     for i, n in enumerate(nodes):
-        d = {position[id(p)] for p in _outer_producers(n, g)}
+        if n.attributes and n.subgraphs():
+            d = {position[id(p)] for p in _outer_producers(n, g)}
+        else:  # no body: the producers of its inputs
+            d = set()
+            for v in n._inputs:
+                p = v._producer if v is not None else None
+                if p is not None and p.graph is g:
+                    d.add(position[id(p)])
         deps[i] = d
-        if any(j >= i for j in d):
+        if sorted_already and any(j >= i for j in d):
             sorted_already = False
     if sorted_already:
         return nodes

@@ -31,7 +31,7 @@ class Tensor:
     """
 
     __slots__ = ("dtype", "dims", "name", "doc_string", "raw", "array", "proto", "external",
-                 "metadata", "extra")
+                 "metadata", "extra", "_decoded")
 
     def __init__(self, dtype: int, dims: tuple[int, ...], *, name: str = "", raw: Any = None,
                  array: np.ndarray | None = None, proto: bytes | None = None,
@@ -47,6 +47,7 @@ class Tensor:
         self.external = external
         self.metadata = metadata or {}
         self.extra = extra
+        self._decoded: tuple[bytes, np.ndarray] | None = None  # (proto, its array): parsed once
 
     @classmethod
     def from_numpy(cls, array: np.ndarray, name: str = "") -> "Tensor":
@@ -68,7 +69,8 @@ class Tensor:
         return -(-self.size * bits // 8)
 
     def numpy(self) -> np.ndarray:
-        """The value as a numpy array; read-only and zero-copy for raw payloads.
+        """The value as a numpy array; read-only and zero-copy for raw payloads, read-only
+        and parsed once for serialized ones.
 
         A payload that does not hold ``dims`` elements of ``dtype`` (or a string
         element that is not UTF-8) raises :class:`~onnxforge.errors.CodecError`.
@@ -96,8 +98,14 @@ class Tensor:
         if self.proto is not None:
             from onnxforge.proto_ext.convert import tensor_proto_to_numpy
 
+            hit = self._decoded
+            if hit is not None and hit[0] is self.proto:
+                return hit[1]
             try:
-                return tensor_proto_to_numpy(self.proto)
+                arr = tensor_proto_to_numpy(self.proto)
+                arr.flags.writeable = False  # shared by every later call, like a raw payload's view
+                self._decoded = (self.proto, arr)
+                return arr
             except UnicodeDecodeError as exc:
                 raise CodecError(f"string tensor {self.name!r}: element bytes are not UTF-8 text "
                                  f"({exc.reason} at byte {exc.start})") from None

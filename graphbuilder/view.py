@@ -121,7 +121,7 @@ def _small_ints(t: Tensor | None) -> tuple[int, ...] | None:
     if t.external is not None and t.raw is None:
         return None
     try:
-        return tuple(int(x) for x in t.numpy().reshape(-1))
+        return tuple(int(x) for x in t.numpy().reshape(-1).tolist())
     except CodecError:  # a malformed payload: other rules report it
         return None
 

@@ -149,9 +149,11 @@ def optimize(model: Any, passes: Any = None, *, debug: bool = False, opset: int 
 
     ``model`` is verified first: one that breaks a static rule raises
     :class:`onnxforge.VerificationError` and is never rewritten."""
+    from onnxforge.passes.manager import collector_paused
     from onnxforge.passes.pipeline import optimize as _optimize
 
-    return _optimize(load_verified(model), passes=passes, debug=debug, opset=opset)
+    with collector_paused():  # verification builds many small objects too (see the passes')
+        return _optimize(load_verified(model), passes=passes, debug=debug, opset=opset)
 
 
 def infer_shapes(model: Any, *, strict: bool = False):

@@ -60,7 +60,12 @@ class ShapesAnalysis(Analysis[ShapesContext]):
     name = "shapes"
 
     def compute(self, model: Model, analyses: AnalysisManager) -> ShapesContext:
-        return ShapesContext(model, write_back=False, strict=False).infer_graph()
+        # nodes whose inputs and attributes are as when the dropped result inferred them
+        # are not inferred again (a result kept in debug mode is checked against a fresh
+        # one, so the manager of a debug run keeps nothing dropped)
+        prior = analyses.dropped(self, model)
+        return ShapesContext(model, write_back=False, strict=False, memo=True,
+                             prior=prior if isinstance(prior, ShapesContext) else None).infer_graph()
 
     def fingerprint(self, result: ShapesContext) -> Hashable:
         return frozenset((id(v), str(t)) for v, t in result.values())

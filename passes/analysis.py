@@ -151,6 +151,7 @@ class _Entry:
     results: dict[str, Any] = field(default_factory=dict)
     dependents: dict[str, set[str]] = field(default_factory=dict)  # name -> results read from it
     computed: dict[str, int] = field(default_factory=dict)  # name -> times computed
+    dropped: dict[str, Any] = field(default_factory=dict)  # name -> last result invalidated
 
 
 class AnalysisManager:
@@ -160,8 +161,11 @@ class AnalysisManager:
     argument below (:meth:`bind` changes it).
     """
 
-    def __init__(self, model: Model | None = None):
+    def __init__(self, model: Model | None = None, *, keep_dropped: bool = True):
         self._entries: dict[int, _Entry] = {}
+        self.keep_dropped = keep_dropped
+        """Keep the last invalidated result of each analysis for :meth:`dropped` (an
+        analysis may reuse the parts of it that it checks are still valid)."""
         self._active: list[tuple[int, str]] = []  # results being computed (dependency edges)
         self.model: Model | None = None
         if model is not None:
@@ -241,16 +245,27 @@ class AnalysisManager:
             if name in seen or name in keep:
                 continue
             seen.add(name)
-            if e.results.pop(name, _NONE) is not _NONE:
+            result = e.results.pop(name, _NONE)
+            if result is not _NONE:
                 dropped.append(name)
+                if self.keep_dropped:
+                    e.dropped[name] = result
             work.extend(e.dependents.pop(name, ()))
         return dropped
+
+    def dropped(self, key: str | type[Analysis[Any]] | Analysis[Any], model: Model | None = None) -> Any:
+        """The result of ``key`` on ``model`` that the last invalidation dropped, or None.
+
+        It describes the model as it was: an analysis may reuse only what it checks
+        still holds (the ``shapes`` analysis replays the inference of nodes whose
+        inputs and attributes are unchanged)."""
+        return self._entry(model).dropped.get(analysis_name(key))
 
     def stale(self, model: Model | None = None) -> list[str]:
         """Cached results of ``model`` that differ from a fresh computation (by their
         analysis's :meth:`~Analysis.fingerprint`; results without one are not checked)."""
         e = self._entry(model)
-        fresh = AnalysisManager(e.model)
+        fresh = AnalysisManager(e.model, keep_dropped=False)
         out: list[str] = []
         for name, result in list(e.results.items()):
             analysis = get_analysis(name)

@@ -17,8 +17,10 @@ Before / after::
       y = Mul(t, b)
 
 Payloads are read only for candidates: initializers are first grouped by
-(type, dims, byte length) without reading bytes; within a group each payload is
-hashed once with blake2b and, on a hash hit, compared byte for byte. Graph
+(type, dims, byte length) without reading bytes, then by the first and last 32
+bytes of their payloads; within a group of three or more left each payload is
+hashed once with blake2b and, on a hash hit, compared byte for byte (two are
+compared directly). Graph
 inputs with a default (initializers that are also inputs) and initializers
 that are graph outputs are never merged away.
 """
@@ -27,6 +29,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
+import numpy as np
 from onnx import TensorProto
 
 from onnxforge.graphbuilder.ir import Graph, Model, Value
@@ -66,7 +69,9 @@ def _merge_group(g: Graph, members: list[tuple[Value, Any]]) -> int:
     kept: dict[bytes, list[tuple[Value, Any]]] = {}
     removed = 0
     for v, data in members:
-        digest = hashlib.blake2b(data, digest_size=32).digest()
+        # two candidates (the usual case once probes agree) are compared directly: one
+        # comparison reads both once, hashing would read both and compare them still
+        digest = b"" if len(members) == 2 else hashlib.blake2b(data, digest_size=32).digest()
         same = kept.setdefault(digest, [])
         target = None
         for kv, kdata in same:
@@ -80,6 +85,51 @@ def _merge_group(g: Graph, members: list[tuple[Value, Any]]) -> int:
             g.remove_initializer(v)
             removed += 1
     return removed
+
+
+_PROBE = 32
+"""Bytes compared from each end of a payload before a whole payload is hashed."""
+
+_PROBE_DTYPES = frozenset({
+    TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16, TensorProto.BOOL,
+    TensorProto.INT8, TensorProto.INT16, TensorProto.INT32, TensorProto.INT64,
+    TensorProto.UINT8, TensorProto.UINT16, TensorProto.UINT32, TensorProto.UINT64,
+})
+
+
+def _probe(v: Value) -> bytes | None:
+    """The first and last :data:`_PROBE` bytes of ``v``'s payload (equal payloads have equal
+    probes), read without copying the payload; None when it cannot be read so."""
+    t = v.const
+    if isinstance(t, EncodedTensor):
+        data = t.payload
+    elif isinstance(t, Tensor) and t.raw is not None and t.dtype != TensorProto.STRING:
+        data = t.raw
+    elif isinstance(t, Tensor) and t.array is not None and t.dtype in _PROBE_DTYPES \
+            and t.array.dtype.isnative:
+        a = t.array
+        n = a.size
+        k = -(-_PROBE // max(1, a.itemsize))
+        if n <= 2 * k:
+            return bytes(np.ascontiguousarray(a).tobytes())
+        return a.flat[:k].tobytes()[:_PROBE] + a.flat[n - k:n].tobytes()[-_PROBE:]
+    else:
+        return None
+    if len(data) <= 2 * _PROBE:
+        return bytes(data)
+    return bytes(data[:_PROBE]) + bytes(data[len(data) - _PROBE:])
+
+
+def _candidates(values: list[Value]) -> list[list[Value]]:
+    """``values`` (one group, in order) split by payload probe into the sub-groups of two or
+    more that may hold equal payloads (the whole group when a payload has no probe)."""
+    probes: dict[bytes, list[Value]] = {}
+    for v in values:
+        p = _probe(v)
+        if p is None:
+            return [values]
+        probes.setdefault(p, []).append(v)
+    return [vs for vs in probes.values() if len(vs) > 1]
 
 
 def _dedup_graph(g: Graph) -> int:
@@ -103,9 +153,10 @@ def _dedup_graph(g: Graph) -> int:
         if len(values) < 2:
             continue
         values.sort(key=lambda v: id(v) not in outputs)  # stable: outputs become the kept ones
-        members = [(v, v.const.payload if isinstance(v.const, EncodedTensor) else _dense_bytes(v.const))
-                   for v in values]
-        removed += _merge_group(g, members)
+        for same in _candidates(values):
+            members = [(v, v.const.payload if isinstance(v.const, EncodedTensor) else _dense_bytes(v.const))
+                       for v in same]
+            removed += _merge_group(g, members)
     return removed
 
 

@@ -3,8 +3,9 @@
 A node whose inputs are all constants (initializers that are not graph inputs,
 or outputs of ``Constant`` nodes) is evaluated once and replaced by an
 initializer holding its result (a ``Constant`` node inside a function body,
-which has no initializers). Evaluation uses numpy for a few common operators
-and ``onnx.reference`` otherwise. ``Constant`` nodes of graphs become
+which has no initializers). Evaluation uses numpy for common operators (here and
+in :mod:`.fold_eval`, with onnx.reference's results) and ``onnx.reference``
+otherwise. ``Constant`` nodes of graphs become
 initializers without reading their payload.
 
 Never folded: nodes with side effects, random operators, nodes owning
@@ -49,6 +50,7 @@ from onnxforge.graphbuilder.ir import (
 from onnxforge.graphbuilder.tensors import EncodedTensor, Tensor, onnx_dtype
 from onnxforge.passes.domains import DEFAULT_DOMAINS, imported_version, opsets_in_scope
 from onnxforge.passes.effects import effect_analysis
+from onnxforge.passes.fold_eval import evaluate
 from onnxforge.passes.invariants import is_nondeterministic
 from onnxforge.passes.manager import Pass, PassResult, check_int_option, register_pass
 from onnxforge.passes.records import copy_tensor
@@ -270,7 +272,7 @@ class _Folder:
 
     def run(self, c: Container) -> None:
         for n in c:
-            if n.attributes and any(a.type in (AttrType.GRAPH, AttrType.GRAPHS)
+            if n.attributes and any(a.type == AttrType.GRAPH or a.type == AttrType.GRAPHS
                                     for a in n.attributes.values()):
                 for sg in n.subgraphs():
                     self.run(sg)
@@ -288,7 +290,16 @@ class _Folder:
         """Where ``node``'s folded results go: the innermost graph that defines one of its
         inputs (an ancestor of ``c``, or ``c``), so that one node of each branch of an ``If``
         folding the same outer weight makes one initializer, not one per branch."""
-        if not isinstance(c, Graph) or c.parent is None or any(c.is_output(o) for o in node.outputs):
+        if not isinstance(c, Graph) or c.parent is None:
+            return c
+        outer = False
+        for v in node.inputs:  # no input from outside c (the usual case): c is the home
+            if v is not None:
+                p = v.producer()
+                if (p.graph if p is not None else v.graph) is c:
+                    return c
+                outer = True
+        if not outer or any(c.is_output(o) for o in node.outputs):
             return c
         depth: dict[int, int] = {}
         g: Graph | None = c
@@ -434,6 +445,8 @@ class _Folder:
         opset = imported_version(opsets, n.domain) or 23
         with np.errstate(all="ignore"):
             results = _fast(n, arrays, opset)
+            if results is None:
+                results = evaluate(n, arrays, opset)
             if results is None:
                 results = _reference(n, arrays, opsets)
         if results is None or len(results) != len(n.outputs):

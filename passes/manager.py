@@ -72,6 +72,7 @@ __all__ = [
     "PassResult",
     "check_int_option",
     "check_order",
+    "collector_paused",
     "get_pass",
     "list_passes",
     "register_pass",
@@ -236,7 +237,7 @@ def check_order(passes: Sequence[Pass]) -> None:
 
 
 @contextlib.contextmanager
-def _collector_paused():
+def collector_paused():
     """Pause the cyclic garbage collector while passes run.
 
     Nodes and values reference each other, so a large model is a large object
@@ -283,7 +284,8 @@ class PassManager:
         self.fixed_point = fixed_point
         self.max_iterations = max_iterations
         self.records: list[PassRecord] = []
-        self.analyses = AnalysisManager()
+        # in debug mode kept analyses are compared with fresh ones: nothing is reused there
+        self.analyses = AnalysisManager(keep_dropped=not debug)
 
     @property
     def names(self) -> list[str]:
@@ -304,7 +306,7 @@ class PassManager:
                 f"preserves={p.preserves!r}")
 
     def __call__(self, model: Model) -> PassResult:
-        with _collector_paused():
+        with collector_paused():
             return self._run(model)
 
     def _run(self, model: Model) -> PassResult:
@@ -316,10 +318,11 @@ class PassManager:
         ran: list[str] = []
         any_change = False
         rounds = self.max_iterations if self.fixed_point else 1
+        count = _node_count(model)  # only passes change the model: one pass's after is the next's before
         for iteration in range(rounds):
             changed = False
             for p in self.passes:
-                before = _node_count(model)
+                before = count
                 t0 = time.perf_counter()
                 own = p.analyses
                 p.analyses = self.analyses
@@ -330,8 +333,9 @@ class PassManager:
                 seconds = time.perf_counter() - t0
                 if result.modified:
                     self.analyses.invalidate(p.invalidates, preserves=p.preserves, model=model)
-                record = PassRecord(p.name, iteration, seconds, result.modified, before,
-                                    _node_count(model))
+                if result.modified:
+                    count = _node_count(model)
+                record = PassRecord(p.name, iteration, seconds, result.modified, before, count)
                 self.records.append(record)
                 if self.debug:
                     self._check(model, p.name, ran)

@@ -60,6 +60,8 @@ def copy_tensor(t: Tensor | EncodedTensor) -> Tensor | EncodedTensor:
     copied before it is registered; the payload itself is not copied."""
     if isinstance(t, EncodedTensor):
         return EncodedTensor(replace(t.header), t.external)
-    return Tensor(t.dtype, t.dims, name=t.name, raw=t.raw, array=t.array, proto=t.proto,
-                  external=t.external, doc_string=t.doc_string, metadata=dict(t.metadata),
-                  extra=t.extra)
+    out = Tensor(t.dtype, t.dims, name=t.name, raw=t.raw, array=t.array, proto=t.proto,
+                 external=t.external, doc_string=t.doc_string, metadata=dict(t.metadata),
+                 extra=t.extra)
+    out._decoded = t._decoded  # the same serialized payload, already parsed (read-only)
+    return out

@@ -363,9 +363,10 @@ class _Driver:
             queued.discard(id(n))
             if n.graph is not c or self.effects.has_side_effects(n):
                 continue
-            arity = len(n.inputs)
+            ins = n.inputs
+            arity = len(ins)
             for rule in table.rules_for(n):
-                if len(rule.pattern.inputs) != arity:
+                if len(rule.pattern.inputs) != arity or _producers_differ(rule.pattern, ins):
                     continue
                 touched = self.apply(c, n, rule)
                 if touched is None:
@@ -432,6 +433,17 @@ class _Driver:
         for r in results:
             touched.extend(u for u, _ in r.uses())
         return touched
+
+
+def _producers_differ(p: Pattern, ins: tuple[Value | None, ...]) -> bool:
+    """Whether an input of ``p`` that is a nested pattern reads a value no node of that
+    operator made (the matcher would refuse it too; this is asked before any Match is made)."""
+    for pin, v in zip(p.inputs, ins):
+        if isinstance(pin, Pattern):
+            prod = v.producer() if v is not None else None
+            if prod is None or prod.op_type != pin.op:
+                return True
+    return False
 
 
 def _as_table(table: RuleTable | Iterable[Rule] | None) -> RuleTable:

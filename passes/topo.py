@@ -49,6 +49,8 @@ def _storage_edges(c: Container, storage: Storage) -> dict[int, set[int]]:
     The readers of ``v`` are the nodes of ``c`` that read it directly or through a
     subgraph; a second writer of ``v`` is not a reader (rule L9 rejects it)."""
     extra: dict[int, set[int]] = {}
+    if storage.stateless:  # nothing is written in place
+        return extra
     for n in c:
         for v in storage.writes(n):
             for user, _i in v.uses():
@@ -63,7 +65,7 @@ def _outer_reads(node: Node) -> list[Value]:
     out: list[Value] = []
     for sg in node.subgraphs():
         for inner in sg.all_nodes():
-            out.extend(v for v in inner.inputs if v is not None)
+            out.extend(v for v in inner._inputs if v is not None)
     return out
 
 
@@ -71,12 +73,12 @@ def _is_sorted(c: Container) -> bool:
     """Every node reads only values defined before it (in ``c`` or outside)."""
     seen: set[int] = set()
     for n in c:
-        for v in n.inputs:
+        for v in n._inputs:
             if v is not None:
-                p = v.producer()
+                p = v._producer
                 if p is not None and p.graph is c and id(p) not in seen:
                     return False
-        if n.attributes:
+        if n.attributes and n.subgraphs():
             for v in _outer_reads(n):
                 p = v.producer()
                 if p is not None and p.graph is c and id(p) not in seen:

@@ -29,19 +29,54 @@ from onnxforge.proto_ext.aliasing import (
 from onnxforge.proto_ext.schema import MUST_ALIAS, READ_WRITE
 from onnxforge.proto_ext.typecompat import compatible, type_case
 from onnxforge.proto_ext.types import TensorType, type_name
-from onnxforge.proto_ext.verify.core import Report, register
-from onnxforge.proto_ext.view import ModelView, NodeView
+from onnxforge.proto_ext.verify.core import Report, iter_graphs, register
+from onnxforge.proto_ext.view import GraphView, ModelView, NodeView
 
-__all__ = ["CACHE_UPDATE_DOMAIN", "CACHE_UPDATE_TYPES", "check_aliases"]
+__all__ = ["CACHE_UPDATE_DOMAIN", "CACHE_UPDATE_TYPES", "check_aliases", "declares_aliases", "model_aliases"]
 
 CACHE_UPDATE_DOMAIN = "ai.onnxforge"
 CACHE_UPDATE_TYPES = frozenset({TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16,
                                 TensorProto.INT8, TensorProto.UINT8})
 
+def declares_aliases(view: ModelView, report: Report | None = None) -> bool:
+    """Whether anything in ``view`` that rules L1-L13 read is there: an ``output_alias``, an
+    ``alias_of``, a READ_WRITE value, a CacheUpdate node or a local function. Without any,
+    every alias rule holds (there is no edge, root, writer or call to check)."""
+    if report is not None and "declares_aliases" in report.shared:
+        return report.shared["declares_aliases"]
+    found = bool(view.functions) or any(_graph_declares(g) for g in iter_graphs(view))
+    if report is not None:
+        report.shared["declares_aliases"] = found
+    return found
+
+
+def _graph_declares(g: GraphView) -> bool:
+    for specs in (g.inputs, g.outputs, g.value_infos):
+        for v in specs:
+            if v.alias_of or v.access:
+                return True
+    for node in g.nodes:
+        if node.output_alias or (node.op_type == "CacheUpdate" and node.domain == CACHE_UPDATE_DOMAIN):
+            return True
+    return False
+
+
+def model_aliases(view: ModelView, report: Report) -> ModelAliases:
+    """The alias resolution of ``view``, built once per report (L1 and L2 are reported by
+    the check that builds it first with the report, :func:`check_aliases`)."""
+    a = report.shared.get("aliases")
+    if a is None:
+        a = report.shared["aliases"] = ModelAliases(view)
+    return a
+
+
 @register("aliases")
 def check_aliases(view: ModelView, report: Report) -> None:
     """L1-L12: output_alias / alias_of / access annotations and CacheUpdate."""
+    if not declares_aliases(view, report):
+        return
     a = ModelAliases(view, report)  # reports L1 and L2
+    report.shared["aliases"] = a
     for s in a.scopes:
         _port_agreement(a, s, report)
         _cycles(a, s, report)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from onnxforge.proto_ext.errors import Violation
 from onnxforge.proto_ext.catalogue import Catalogue
@@ -21,6 +22,8 @@ class Report:
     catalogue: Catalogue
     violations: list[Violation] = field(default_factory=list)
     layouts: LayoutCache = field(init=False)
+    shared: dict[str, Any] = field(default_factory=dict)
+    """What one check computed from ``view`` and another reuses (the alias resolution)."""
 
     def __post_init__(self) -> None:
         self.layouts = LayoutCache(self.catalogue)

@@ -30,6 +30,7 @@ from __future__ import annotations
 from collections import deque
 
 from onnxforge.proto_ext.aliasing import ModelAliases, Scope
+from onnxforge.proto_ext.verify.alias_rules import declares_aliases, model_aliases
 from onnxforge.proto_ext.verify.core import Report, register
 from onnxforge.proto_ext.view import ModelView
 
@@ -39,7 +40,9 @@ __all__ = ["check_inplace"]
 @register("inplace")
 def check_inplace(view: ModelView, report: Report) -> None:
     """L13 over every scope of the model."""
-    a = ModelAliases(view)  # L1/L2 are reported by the alias rules
+    if not declares_aliases(view, report):
+        return  # nothing is written in place
+    a = model_aliases(view, report)  # L1/L2 are reported by the alias rules
     for s in a.scopes:
         _check_scope(a, s, report)
 

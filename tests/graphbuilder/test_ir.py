@@ -558,3 +558,33 @@ def test_mutated_model_still_runs() -> None:
     xv = np.array([-1.0, 0.5, -2.0, 3.0], np.float32)
     (res,) = _run(m, {"x": xv})
     np.testing.assert_allclose(res, np.maximum(xv, 0) + np.array([1, 2, 3, 4], np.float32))
+
+
+def test_a_serialized_tensor_is_parsed_once_and_read_only():
+    import numpy as np
+    from onnx import numpy_helper
+
+    from onnxforge.graphbuilder.tensors import Tensor
+    from onnxforge.proto_ext import convert
+
+    want = np.arange(6, dtype=np.float32).reshape(2, 3)
+    proto = numpy_helper.from_array(want, "w")
+    proto.ClearField("raw_data")
+    proto.float_data.extend(want.reshape(-1).tolist())  # typed fields, as some exporters write
+    t = Tensor(proto.data_type, tuple(proto.dims), proto=proto.SerializeToString())
+    calls = []
+    real = convert.tensor_proto_to_numpy
+
+    def counting(data, *args, **kwargs):
+        calls.append(1)
+        return real(data, *args, **kwargs)
+
+    convert.tensor_proto_to_numpy = counting
+    try:
+        first, second = t.numpy(), t.numpy()
+    finally:
+        convert.tensor_proto_to_numpy = real
+    np.testing.assert_array_equal(first, want)
+    assert second is first and len(calls) == 1 and not first.flags.writeable
+    t.proto = numpy_helper.from_array(want + 1, "w").SerializeToString()  # a new payload is read anew
+    np.testing.assert_array_equal(t.numpy(), want + 1)

@@ -138,3 +138,37 @@ def test_subgraph_initializers_are_deduplicated_in_their_graph():
     assert list(then_b.graph.initializers) == ["k1"]
     for flag in (True, False):
         assert_same_outputs(before, m, {**X, "c": np.array(flag)})
+
+
+def test_payloads_whose_ends_differ_are_never_read_whole_and_middles_still_count():
+    reads: list[str] = []
+
+    class Counting(Tensor):
+        __slots__ = ()
+
+        def tobytes(self):
+            reads.append(self.name)
+            return super().tobytes()
+
+    base = np.arange(1000, dtype=np.float32)
+    middle = base.copy()
+    middle[500] = -1.0  # same first and last 32 bytes as base
+    other_end = base.copy()
+    other_end[-1] = -1.0
+    g = GraphBuilder(opset=21)
+    for name, arr in (("a", base), ("b", middle), ("c", other_end), ("d", base.copy())):
+        g.initializer(name, Counting(TensorProto.FLOAT, arr.shape, array=arr))
+    # the same values as raw little-endian bytes (the loader's form) merge with the array form
+    g.initializer("e", Tensor(TensorProto.FLOAT, base.shape, raw=base.tobytes()))
+    x = g.input("x", FLOAT, [1000])
+    y = x
+    for name in "abcde":
+        y = g.op.Add(y, next(v for v in g.graph.all_initializers() if v.name == name))
+    g.output(y, "y")
+    m = g.to_model()
+    before = to_onnx(m)
+    reads.clear()  # serializing read every payload
+    assert DeduplicateInitializersPass()(m).modified
+    assert sorted(m.graph.initializers) == ["a", "b", "c"]
+    assert "c" not in reads and sorted(set(reads)) == ["a", "b", "d"]
+    assert_same_outputs(before, m, {"x": np.linspace(-1, 1, 1000, dtype=np.float32)})

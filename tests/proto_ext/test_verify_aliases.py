@@ -556,3 +556,27 @@ def test_l12_constant_position_from_value_int():
     m.graph.node.insert(0, ext(helper.make_node("Constant", [], ["position"], value_int=13), "NodeProto"))
     (v,) = only(m, "L12")
     assert v.path == "graph.node[1]('upd').input[2]"
+
+
+def test_alias_rules_run_only_on_models_that_declare_something_they_read():
+    from onnxforge.proto_ext.verify import as_view
+    from onnxforge.proto_ext.verify.alias_rules import declares_aliases
+
+    plain = model(inputs=[vi("x", t(2))], outputs=[vi("y", t(2))], nodes=[node("Relu", ["x"], ["y"])])
+    assert not declares_aliases(as_view(plain)[0]) and check(plain) == []
+    # each annotation alone turns the rules on, and each one's violation is found
+    cases = {
+        "L2": model(inputs=[vi("x", t(2))], outputs=[vi("y", t(2), alias_of="nowhere")],
+                    nodes=[node("Relu", ["x"], ["y"])]),
+        "L8": model(inputs=[vi("x", t(2))], outputs=[vi("y", t(2))],
+                    nodes=[node("Relu", ["x"], ["y"])], value_infos=[vi("y", t(2), access=RW)]),
+        "L1": model(inputs=[vi("x", t(2))], outputs=[vi("y", t(2))],
+                    nodes=[node("Inplace", ["x"], ["y"], domain="test", alias=[(0, 3, MUST)])]),
+        "L12": model(inputs=[vi("cache", t(*CACHE), access=RW), vi("values", t(2, 1, 8)),
+                             vi("position", t(elem=INT64))],
+                     outputs=[vi("updated_cache", t(*CACHE), alias_of="cache")],
+                     nodes=[cache_update(alias=[])]),
+    }
+    for rule, m in cases.items():
+        assert declares_aliases(as_view(m)[0])
+        assert rule in {v.rule for v in check(m)}, rule

@@ -1,0 +1,178 @@
+"""Records of per-node shape inference, for a later :class:`~onnxforge.graphbuilder.shapes.ShapesContext`.
+
+A context made with ``memo=True`` records, for each node it infers, what the
+operator rule read (:func:`record_key`: operator, attributes, the known types and
+contents of the inputs, the outputs' names and declared types) and what it wrote
+(the outputs' types, contents and sources). A later context of the same model
+given that one as ``prior`` takes a node's recorded result instead of running its
+rule when it reads the same (:func:`same_values` compares the contents element by
+element); rules read values through the context only, so the result is the one
+the rule would give.
+
+Before / after (the ``shapes`` analysis, recomputed after a pass changed a few nodes)::
+
+    ctx1 = ShapesContext(m, memo=True).infer_graph()        # every rule runs
+    ... a pass folds one Reshape target into a constant ...
+    ctx2 = ShapesContext(m, memo=True, prior=ctx1).infer_graph()
+    # the Reshape and what reads it run again; every other node replays ctx1's result
+"""
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+from onnxforge.graphbuilder.ir import AttrType, Node
+from onnxforge.graphbuilder.tensors import Tensor
+
+if TYPE_CHECKING:
+    from onnxforge.graphbuilder.shapes import ShapesContext, SymTensor
+
+__all__ = ["Record", "find_record", "node_label", "record_key", "replay", "same_values"]
+
+_GRAPH, _GRAPHS, _FLOATS = AttrType.GRAPH, AttrType.GRAPHS, AttrType.FLOATS
+_MISSING = object()
+
+
+def node_label(domain: str, op_type: str, name: str) -> str:
+    """How sources and messages name a node."""
+    dom = f"{domain}::" if domain else ""
+    return f"node {name!r} ({dom}{op_type})" if name else f"{dom}{op_type} node"
+
+
+class Record:
+    """What inferring one node read (``key``, ``contents``) and wrote (its outputs' types, contents and
+    sources, the equalities and conflicts it added, whether its operator was unknown, whether
+    it made fresh symbols) and the name of the node that made it, as it was then."""
+
+    __slots__ = ("key", "contents", "results", "equalities", "conflicts", "unknown", "fresh", "name")
+
+    def __init__(self, key: tuple, contents: tuple, results: tuple, equalities: tuple, conflicts: tuple,
+                 unknown: bool, fresh: bool, node: Node):
+        self.key, self.contents, self.results, self.equalities = key, contents, results, equalities
+        self.conflicts, self.unknown, self.fresh = conflicts, unknown, fresh
+        self.name = node.name  # the name its sources label it by
+
+
+def _signed(x: Any) -> Any:
+    """A float with its sign (``-0.0 == 0.0``, but a rule may tell them apart)."""
+    return (x, math.copysign(1.0, x)) if type(x) is float else x
+
+
+def _same_element(x: Any, y: Any) -> bool:
+    if type(x) is not type(y) or x != y:
+        return False
+    return type(x) is not float or math.copysign(1.0, x) == math.copysign(1.0, y)  # -0.0 is not 0.0
+
+
+def _same_content(a: SymTensor, b: SymTensor) -> bool:
+    """Element by element the same tensor (numbers of one Python type and sign, equal
+    expressions)."""
+    if a.elem_type != b.elem_type or a.data.shape != b.data.shape:
+        return False
+    return all(_same_element(x, y) for x, y in zip(a.data.flat, b.data.flat))
+
+
+def same_values(a: tuple, b: tuple) -> bool:
+    """The known input contents of two records agree: unknown in both, or the same elements."""
+    for x, y in zip(a, b):
+        if x is y:
+            continue
+        if x is None or y is None or not _same_content(x, y):
+            return False
+    return True
+
+
+def record_key(ctx: ShapesContext, node: Node) -> tuple[tuple, tuple] | None:
+    """Everything an operator rule reads about ``node``, as (key, contents): its operator
+    and attributes (its name only labels sources and messages); per input, its known type
+    and content (an encoded initializer: its payload, by identity); per output, whether it
+    is named and its declared type. ``key`` compares with ``==``,
+    ``contents`` with :func:`same_values`. Rules read values through the context only,
+    so two nodes with equal records infer the same. None for a node whose inference
+    reads more: control flow (bodies), calls of local functions, anything with aliases."""
+    if node.output_alias:
+        return None
+    attrs = []
+    for a in node.attributes.values():
+        t = a.type
+        if t == _GRAPH or t == _GRAPHS or a.ref_attr_name:
+            return None
+        v = a.value
+        if type(v) is list:
+            v = tuple(_signed(x) for x in v) if t == _FLOATS else tuple(v)
+        elif type(v) is float:
+            v = _signed(v)
+        attrs.append((a.name, t, v))  # tensors compare by identity
+    model = ctx.model
+    if model is not None and model.functions and (node.domain, node.op_type, node.overload) in model.functions:
+        return None
+    types, values, parents, type_of = ctx._types, ctx._values, ctx._alias_parent, ctx.type_of
+    ins: list[Any] = []
+    contents: list[SymTensor | None] = []
+    for v in node._inputs:
+        if v is None:
+            ins.append(None)
+            contents.append(None)
+            continue
+        if v.alias_of is not None or (parents and v in parents):
+            return None
+        c = v.const
+        if c is not None and not isinstance(c, Tensor):
+            ins.append((c, v.type))  # an encoded payload: by identity
+            contents.append(None)
+        else:  # an initializer is seeded as its rule would: it then reads like a Constant's output
+            known: Any = types.get(v, _MISSING)
+            ins.append(type_of(v) if known is _MISSING else known)
+            contents.append(values.get(v))
+    outs = []
+    for o in node._outputs:
+        if o.alias_of is not None or o in types or (parents and o in parents):
+            return None
+        outs.append((bool(o.name), o.type))
+    return ((node.domain, node.op_type, node.overload, tuple(attrs), tuple(ins), tuple(outs)), tuple(contents))
+
+
+def find_record(ctx: ShapesContext, node: Node, key: tuple, contents: tuple) -> Record | None:
+    """The record of ``ctx``'s prior context that ``node`` (reading ``key`` and ``contents``)
+    may replay: its own, if it read the same; else one made by another node (a copy, a node
+    rebuilt by a rewrite) that read the same, unless that rule made fresh symbols (they name
+    the dimensions of that node alone) or noted equalities or conflicts (they name its
+    values)."""
+    rec = ctx._prior.get(node)
+    if rec is not None and rec.key == key and same_values(rec.contents, contents):
+        return rec
+    index = ctx._prior_index
+    if index is None:
+        index = ctx._prior_index = {}
+        for r in ctx._prior.values():
+            if not (r.fresh or r.equalities or r.conflicts):
+                try:
+                    index.setdefault(r.key, []).append(r)
+                except TypeError:  # an attribute value that cannot be hashed
+                    pass
+    try:
+        candidates = index.get(key, ())
+    except TypeError:
+        return None
+    return next((r for r in candidates if same_values(r.contents, contents)), None)
+
+
+def replay(ctx: ShapesContext, node: Node, rec: Record) -> None:
+    """Write ``rec``'s results to ``node``'s outputs in ``ctx``, as its rule would have."""
+    renamed = rec.name != node.name  # the node that made the record had another name
+    if renamed:
+        old, label = node_label(rec.key[0], rec.key[1], rec.name), node_label(node.domain, node.op_type, node.name)
+    types, values, all_sources = ctx._types, ctx._values, ctx._sources
+    for o, (t, value, sources) in zip(node._outputs, rec.results):
+        types[o] = t
+        all_sources[o] = [label if x == old else x for x in sources] if renamed else list(sources)
+        if value is not None:
+            values[o] = value
+    if rec.equalities:
+        ctx.equalities.extend(rec.equalities)
+    if rec.conflicts:
+        ctx.conflicts.extend(rec.conflicts)
+    if rec.unknown:
+        k = (node.domain, node.op_type)
+        ctx.unknown_ops[k] = ctx.unknown_ops.get(k, 0) + 1
+        ctx._unknown_count += 1
