@@ -96,8 +96,8 @@ def test_encoded_initializers_merge_only_with_the_same_layout_and_logical_type()
     assert_sound(m)
 
 
-def test_only_candidates_are_read_and_each_payload_is_hashed_once():
-    reads: list[str] = []
+def _counting(reads: list[str]) -> type:
+    """A Tensor class that records the name of every tensor whose payload is read whole."""
 
     class Counting(Tensor):
         __slots__ = ()
@@ -105,6 +105,13 @@ def test_only_candidates_are_read_and_each_payload_is_hashed_once():
         def tobytes(self):
             reads.append(self.name)
             return super().tobytes()
+
+    return Counting
+
+
+def test_only_candidates_are_read_and_each_payload_is_hashed_once():
+    reads: list[str] = []
+    Counting = _counting(reads)
 
     g = GraphBuilder(opset=21)
     for name, arr in (("u1", np.zeros(3, np.float32)), ("u2", np.zeros(5, np.float32)),
@@ -142,13 +149,7 @@ def test_subgraph_initializers_are_deduplicated_in_their_graph():
 
 def test_payloads_whose_ends_differ_are_never_read_whole_and_middles_still_count():
     reads: list[str] = []
-
-    class Counting(Tensor):
-        __slots__ = ()
-
-        def tobytes(self):
-            reads.append(self.name)
-            return super().tobytes()
+    Counting = _counting(reads)
 
     base = np.arange(1000, dtype=np.float32)
     middle = base.copy()
