@@ -11,6 +11,7 @@ cdef extern from "_simd.h" nogil:
     void of_axpy(float* y, float alpha, const float* x, Py_ssize_t n)
     void of_scal(float* y, float alpha, Py_ssize_t n)
     float of_expsum(float* x, float m, Py_ssize_t n)
+    void of_sigmoid(const float* x, float* y, Py_ssize_t n)
     float of_maxf(const float* x, Py_ssize_t n)
     void of_deq4(const uint8_t* codes, const float* scales, const uint8_t* zp_packed,
                  const float* zp_float, float* dst, Py_ssize_t k, Py_ssize_t block_size)

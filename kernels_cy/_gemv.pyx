@@ -158,6 +158,14 @@ cdef int _gemv_core(const float* x, const float* w, Py_ssize_t ldw, float* y, Py
     return _products(&job, False, 0, threads)
 
 
+cdef bint _row_operand(cnp.ndarray w, Py_ssize_t K) noexcept:
+    cdef Py_ssize_t N
+    if cnp.PyArray_NDIM(w) != 2 or cnp.PyArray_TYPE(w) != cnp.NPY_FLOAT32 or w.shape[0] != K:
+        return False
+    N = w.shape[1]
+    return (N <= 1 or w.strides[1] == 4) and (K == 1 or (w.strides[0] % 4 == 0 and w.strides[0] >= 4 * N))
+
+
 cdef class OneRowMatMul:
     """A MatMul kernel's call: a float32 row times a 2-D float32 weight with a unit column
     stride runs :func:`gemv` with no Python in between; any other operands go to
@@ -183,8 +191,7 @@ cdef class OneRowMatMul:
                     and cnp.PyArray_TYPE(ba) == cnp.NPY_FLOAT32 and cnp.PyArray_IS_C_CONTIGUOUS(aa)):
                 K = ba.shape[0]
                 N = ba.shape[1]
-                if (K > 0 and cnp.PyArray_SIZE(aa) == K and (N <= 1 or ba.strides[1] == 4)
-                        and (K == 1 or (ba.strides[0] % 4 == 0 and ba.strides[0] >= 4 * N))):
+                if K > 0 and cnp.PyArray_SIZE(aa) == K and _row_operand(ba, K):
                     for i in range(nd - 1):
                         dims[i] = aa.shape[i]
                     dims[nd - 1] = N
@@ -216,31 +223,18 @@ cdef int _swiglu_core(const float* x, const float* wg, Py_ssize_t ldg, const flo
     job.np = 2
     job.K = K
     job.N = N
-    _products(&job, True, N, threads)  # N floats of scratch for the gate's exponentials
+    _products(&job, True, N, threads)  # N floats of scratch for the gate's sigmoid
     cdef const float* g = job.y[0]
     cdef const float* u = job.y[1]
-    cdef float* ex = job.extra
+    cdef float* s = job.extra
     cdef Py_ssize_t i
-    cdef float s, a
+    cdef float a
     with nogil:
-        # the Sigmoid kernel's steps: e = exp(-g) by the shared polynomial, s = 1 / (1 + e)
-        # in double rounded to float; then Mul(g, s) and Mul(., u) in float32
+        of_sigmoid(g, s, N)  # the Sigmoid kernel's own routine; then Mul(g, s), Mul(., u) in float32
         for i in range(N):
-            ex[i] = -g[i]
-        of_expsum(ex, 0.0, N)
-        for i in range(N):
-            s = 1.0 / (1.0 + ex[i])
-            a = g[i] * s
+            a = g[i] * s[i]
             out[i] = a * u[i]
     return 0
-
-
-cdef bint _row_operand(cnp.ndarray w, Py_ssize_t K) noexcept:
-    cdef Py_ssize_t N
-    if cnp.PyArray_NDIM(w) != 2 or cnp.PyArray_TYPE(w) != cnp.NPY_FLOAT32 or w.shape[0] != K:
-        return False
-    N = w.shape[1]
-    return (N <= 1 or w.strides[1] == 4) and (K == 1 or (w.strides[0] % 4 == 0 and w.strides[0] >= 4 * N))
 
 
 def swiglu_row(x, wg, wu, out, int threads=1):

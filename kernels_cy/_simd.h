@@ -469,6 +469,16 @@ static inline float of_expsum(float* x, float m, ptrdiff_t n) {
     return OF_DISPATCH(of_expsum_base, of_expsum_avx2, x, m, n);
 }
 
+/* The logistic sigmoid y = 1 / (1 + exp(-x)) of x[0..n) (y may be x): exp by the
+ * polynomial of of_expsum (arguments clamped, so no overflow), the quotient in double
+ * rounded to float. The Sigmoid kernel and the fused SwiGLU gate both use it. */
+static inline void of_sigmoid(const float* x, float* y, ptrdiff_t n) {
+    ptrdiff_t i;
+    for (i = 0; i < n; ++i) y[i] = -x[i];
+    of_expsum(y, 0.0f, n);
+    for (i = 0; i < n; ++i) y[i] = (float)(1.0 / (1.0 + (double)y[i]));
+}
+
 /* The largest of x[0..n) (n >= 1): eight (sixteen) independent lanes instead of one
  * dependent chain of comparisons; a NaN is skipped unless every value is NaN. */
 static float of_maxf_base(const float* x, ptrdiff_t n) {

@@ -56,13 +56,6 @@ def sigmoid(x, out):
     _same_shape(xa, oa, k, "x", "out")
     cdef const float* xp = <const float*>cnp.PyArray_DATA(xa)
     cdef float* op = <float*>cnp.PyArray_DATA(oa)
-    cdef Py_ssize_t n = xa.shape[0], i
     with nogil:
-        # exp(-x) with the vectorized polynomial of the softmax (arguments clamped to
-        # [-87, 88], so no overflow), then 1 / (1 + e)
-        for i in range(n):
-            op[i] = -xp[i]
-        of_expsum(op, 0.0, n)
-        for i in range(n):
-            op[i] = 1.0 / (1.0 + op[i])
+        of_sigmoid(xp, op, xa.shape[0])
     return out

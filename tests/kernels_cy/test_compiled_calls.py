@@ -151,6 +151,22 @@ def test_split_call_hands_other_inputs_to_the_fallback():
         SplitCall([2, -1], 0, fb)
 
 
+def _nbits_operands(rng, K: int, N: int, zp_kind: str | None):
+    """Random 4-bit MatMulNBits operands (blocks of 32): packed codes, scales and zero
+    points of ``zp_kind`` (None, packed ``"uint8"`` or ``"float"``)."""
+    from . import reference as ref
+
+    nblk = K // 32
+    b = ref.pack_int4(rng.integers(0, 16, size=(N, nblk, 32)))
+    scales = rng.uniform(0.01, 0.1, size=N * nblk).astype(np.float32)
+    zp = None
+    if zp_kind == "uint8":
+        zp = ref.pack_int4(rng.integers(0, 16, size=(N, 2 * ((nblk + 1) // 2)))).reshape(-1)
+    elif zp_kind == "float":
+        zp = rng.uniform(6, 9, size=N * nblk).astype(np.float32)
+    return b, scales, zp
+
+
 @pytest.mark.parametrize("zp_kind", [None, "uint8", "float"])
 @pytest.mark.parametrize("with_bias", [False, True])
 @pytest.mark.parametrize("threads", [1, 2])
@@ -161,14 +177,7 @@ def test_one_row_nbits_matches_float64(zp_kind, with_bias, threads):
 
     rng = np.random.default_rng(9)
     K, N = 96, 2050
-    nblk = K // 32
-    b = ref.pack_int4(rng.integers(0, 16, size=(N, nblk, 32)))
-    scales = rng.uniform(0.01, 0.1, size=N * nblk).astype(np.float32)
-    zp = None
-    if zp_kind == "uint8":
-        zp = ref.pack_int4(rng.integers(0, 16, size=(N, 2 * ((nblk + 1) // 2)))).reshape(-1)
-    elif zp_kind == "float":
-        zp = rng.uniform(6, 9, size=N * nblk).astype(np.float32)
+    b, scales, zp = _nbits_operands(rng, K, N, zp_kind)
     bias = rng.standard_normal(N, dtype=np.float32) if with_bias else None
     a = rng.standard_normal((1, 1, K), dtype=np.float32)
     fb = _Fallback()
@@ -193,16 +202,9 @@ def test_one_row_nbits_zero_terms_of_constant_operands_follow_the_operands(simd,
 
     rng = np.random.default_rng(17)
     K, N = 160, 43
-    nblk = K // 32
 
     def operands(writable: bool):
-        b = ref.pack_int4(rng.integers(0, 16, size=(N, nblk, 32)))
-        sc = rng.uniform(0.01, 0.1, size=N * nblk).astype(np.float32)
-        zp = None
-        if zp_kind == "uint8":
-            zp = ref.pack_int4(rng.integers(0, 16, size=(N, 2 * ((nblk + 1) // 2)))).reshape(-1)
-        elif zp_kind == "float":
-            zp = rng.uniform(6, 9, size=N * nblk).astype(np.float32)
+        b, sc, zp = _nbits_operands(rng, K, N, zp_kind)
         for x in (b, sc, zp):
             if x is not None:
                 x.flags.writeable = writable
