@@ -39,8 +39,7 @@ without a rule and without a local function leave their outputs as declared
 """
 from __future__ import annotations
 
-import heapq
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Container, Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -48,6 +47,7 @@ from onnx import TensorProto
 
 from onnxforge.proto_ext.errors import OnnxforgeError
 from onnxforge.graphbuilder.ir import MUST_ALIAS, Attr, Function, Graph, Model, Node, Value
+from onnxforge.graphbuilder.scope_order import CycleError, topological_order
 from onnxforge.graphbuilder.shapes_memo import Record, find_record, node_label, record_key, replay
 from onnxforge.graphbuilder.storage import Storage
 from onnxforge.graphbuilder.symbolic import Dim, SymbolicError, SymExpr, as_dim, dims_equal, symbol
@@ -72,6 +72,7 @@ __all__ = [
     "ShapesContext",
     "SymTensor",
     "TypeConflict",
+    "Undecided",
     "format_type",
     "merge_types",
     "normalize_type",
@@ -103,6 +104,12 @@ def trackable(elem_type: int, size: int) -> bool:
 
 class ShapeError(OnnxforgeError, ValueError):
     """Contradictory type or shape knowledge, or an operator applied to inputs it cannot take."""
+
+
+class Undecided(Exception):
+    """Raised in a speculative inference (:attr:`ShapesContext.live`) by an error that need
+    not happen at run time: in a node no output depends on, in a loop body, in a branch of
+    an ``If`` whose condition is unknown, or in a local function's body."""
 
 
 class TypeConflict(Exception):
@@ -390,6 +397,12 @@ class ShapesContext:
         self._rules = _infer
         self.replayed = 0
         """Nodes whose inference was taken from ``prior`` (their inputs had not changed)."""
+        self._pinned: dict[Node, list[SymTensor]] | None = None
+        self.live: Container[Node] | None = None
+        """Set on a speculation (a :meth:`scratch` that asks whether some types make the model
+        fail): the nodes that run whenever their graph runs. An ``If`` whose condition is
+        known then infers only the branch that runs, and a rule's error in a node that need
+        not run raises :class:`Undecided` instead of :class:`ShapeError`."""
         self._records: dict[Node, Record] | None = {} if memo else None
         self._seeds: dict[Value, tuple] | None = {} if memo else None  # initializers' seeds
         self._prior: dict[Node, Record] | None = None
@@ -495,10 +508,10 @@ class ShapesContext:
 
     def _store(self, value: Value, t: Type, source: str) -> None:
         self._types[value] = t
-        srcs = self._sources.setdefault(value, [])
+        srcs = self._sources.get(value, ())
         if source not in srcs:
-            srcs.append(source)
-            del srcs[1:-2]  # keep the origin and the latest refinements
+            # a new list: a scratch copy shares the lists of its parent
+            self._sources[value] = [*srcs[:1], *srcs[1:][-1:], source]  # the origin, the latest two
         if self.write_back and value.type != t:
             value.type = t
 
@@ -646,6 +659,10 @@ class ShapesContext:
     # -- inference -------------------------------------------------------------------
     def infer_node(self, node: Node) -> list[Type]:
         """Infer the output types of one node from what is known of its inputs."""
+        if self._pinned is not None and node in self._pinned:
+            for o, content in zip(node.outputs, self._pinned[node]):
+                self.set_value(o, content, "pinned")
+            return [self.type_of(o) for o in node.outputs]
         if self._records is not None:
             return self._infer_recorded(node)
         return self._infer_node(node)
@@ -683,11 +700,20 @@ class ShapesContext:
             try:
                 rule(op)
             except SymbolicError as e:
+                self._speculation_failed(node, str(e))
                 raise ShapeError(f"{_node_label(node)}: {e}") from e
+            except ShapeError as e:
+                self._speculation_failed(node, str(e))
+                raise
         else:
             fn = self.model.function(node.domain, node.op_type, node.overload) if self.model else None
             if fn is not None:
-                self._infer_call(node, fn)
+                try:
+                    self._infer_call(node, fn)
+                except ShapeError as e:
+                    if self.live is not None:
+                        raise Undecided(str(e)) from e
+                    raise
             else:
                 key = (node.domain, node.op_type)
                 self.unknown_ops[key] = self.unknown_ops.get(key, 0) + 1
@@ -695,13 +721,30 @@ class ShapesContext:
         self._node_aliases(node)
         return [self.type_of(o) for o in node.outputs]
 
+    def _speculation_failed(self, node: Node, reason: str) -> None:
+        """In a speculation, raise :class:`Undecided` when the error ``node`` met need not
+        happen at run time (see :attr:`live`)."""
+        live = self.live
+        if live is None:
+            return
+        if node not in live:
+            raise Undecided(f"{_node_label(node)} need not run: {reason}")
+        if node.attributes and node.subgraphs():
+            cond = self.value_of(node.inputs[0]) if node.op_type == "If" and node.inputs else None
+            if cond is None or cond.size != 1 or not isinstance(cond.flat()[0], bool):
+                raise Undecided(f"the body of {_node_label(node)} need not run: {reason}")
+
     def infer_graph(self, graph: Graph | Function | None = None) -> ShapesContext:
         """Infer every node of ``graph`` (default: the context's graph) in topological order,
         recursing into control-flow bodies; returns ``self``."""
         g = self.graph if graph is None else graph
         for v in g.inputs:
             self.type_of(v)
-        for node in topological_order(g):
+        try:
+            order = topological_order(g)
+        except CycleError as e:
+            raise ShapeError(str(e)) from None
+        for node in order:
             self.infer_node(node)
         for v in g.outputs:
             if v.alias_of is not None and v.alias_of != "":
@@ -777,13 +820,34 @@ class ShapesContext:
         c.write_back = False
         c.equalities, c.conflicts, c.unknown_ops, c._unknown_count = [], [], {}, 0
         c._types, c._values, c._alias_edges = dict(self._types), dict(self._values), dict(self._alias_edges)
-        c._sources = {k: list(v) for k, v in self._sources.items()}
+        c._sources = dict(self._sources)  # lists are replaced, never changed in place
         c._alias_parent = dict(self._alias_parent)
         c._alias_members = {k: list(v) for k, v in self._alias_members.items()}
         c._fn_cache = {}
         c._records = c._prior = c._prior_index = c._seeds = c._prior_seeds = None
         c.replayed = 0
+        c.live, c._pinned = self.live, self._pinned
         return c
+
+    def speculation(self, live: Container[Node], pinned: dict[Node, list[SymTensor]] | None = None
+                    ) -> ShapesContext:
+        """A :meth:`scratch` copy that infers what some assumed types imply (see :attr:`live`).
+
+        Declared types that the assumption contradicts are replaced, not errors (value_info
+        never makes a run fail). The nodes of ``pinned`` take those output contents instead
+        of being inferred."""
+        c = self.scratch()
+        c.live, c.strict, c._pinned = live, False, pinned
+        c._storage = getattr(self, "_storage", None)  # a speculation runs on the IR unchanged
+        return c
+
+    def forget(self, values: Iterable[Value]) -> None:
+        """Drop what is known of ``values``, so that inferring their producers again starts
+        from their declared types only."""
+        for v in values:
+            self._types.pop(v, None)
+            self._values.pop(v, None)
+            self._sources.pop(v, None)
 
     def values(self) -> Iterator[tuple[Value, Type]]:
         """Every value with known (or seeded) type, and its type."""
@@ -810,64 +874,3 @@ def _scope_values(g: Graph | Function) -> Iterable[Value]:
         yield from g.all_initializers()
     for n in g:
         yield from n.outputs
-
-
-def _outer_producers(node: Node, owner: Graph | Function) -> Iterator[Node]:
-    """Producers in ``owner`` of the inputs of ``node`` and of values its subgraphs capture."""
-    for v in node.inputs:
-        if v is not None:
-            p = v.producer()
-            if p is not None and p.graph is owner:
-                yield p
-    for sg in node.subgraphs():
-        for inner in sg.all_nodes():
-            for v in inner.inputs:
-                if v is not None:
-                    p = v.producer()
-                    if p is not None and p.graph is owner:
-                        yield p
-        for v in sg.outputs:
-            p = v.producer()
-            if p is not None and p.graph is owner:
-                yield p
-
-
-def topological_order(g: Graph | Function) -> list[Node]:
-    """Nodes of ``g`` so that producers come first (stable for an already sorted graph)."""
-    nodes = list(g)
-    position = {id(n): i for i, n in enumerate(nodes)}
-    deps: dict[int, set[int]] = {}
-    sorted_already = True
-    for i, n in enumerate(nodes):
-        if n.attributes and n.subgraphs():
-            d = {position[id(p)] for p in _outer_producers(n, g)}
-        else:  # no body: the producers of its inputs
-            d = set()
-            for v in n._inputs:
-                p = v._producer if v is not None else None
-                if p is not None and p.graph is g:
-                    d.add(position[id(p)])
-        deps[i] = d
-        if sorted_already and any(j >= i for j in d):
-            sorted_already = False
-    if sorted_already:
-        return nodes
-    users: dict[int, list[int]] = {i: [] for i in range(len(nodes))}
-    indeg = {i: len(d) for i, d in deps.items()}
-    for i, d in deps.items():
-        for j in d:
-            users[j].append(i)
-    ready = [i for i, k in indeg.items() if k == 0]
-    heapq.heapify(ready)
-    out: list[Node] = []
-    while ready:
-        i = heapq.heappop(ready)
-        out.append(nodes[i])
-        for u in users[i]:
-            indeg[u] -= 1
-            if indeg[u] == 0:
-                heapq.heappush(ready, u)
-    if len(out) != len(nodes):
-        stuck = [nodes[i] for i, k in indeg.items() if k > 0][:3]
-        raise ShapeError(f"{g.path()}: the graph has a cycle through {stuck}")
-    return out

@@ -9,7 +9,8 @@ satisfies every pass's ordering constraints and loses nothing:
    ``RMSNormalization`` in models that import opset 23 (``optimize(model, opset=23)``
    raises an older model's opset for them); first, while the exporters' chains are whole;
 4. ``constant_folding``  — Constant nodes become initializers, constant nodes are evaluated;
-5. ``shape_folding``     — shape computations the ``shapes`` analysis knows become constants;
+5. ``shape_folding``     — shape computations the ``shapes`` analysis knows become constants
+   (and those that hold on every run that returns: ``failing_branches``);
 6. ``if_inlining``       — ``If`` nodes whose condition became constant give way to their branch;
 7. ``slice_split``       — Slices of one value that cover one axis in pieces -> one Split
    (before folding: Slices of one weight fold one by one only if they grow the model, one

@@ -24,6 +24,10 @@ input's dimension at the same position become ``0`` (copy, ``allowzero=0``)::
     t = Concat(Cast(Slice(Shape(x), 0, 1)), [200])
     y = Reshape(x, t)
 
+Results that hold only on the runs that return are folded too: when one branch of an
+``If`` gives a value types that make a later node fail, what follows from the other
+branch's types is a constant of every such run (:mod:`.failing_branches`).
+
 Only integer and boolean results are folded (the analysis computes them
 exactly); nodes with side effects, random operators, nodes owning subgraphs
 and graph outputs are left alone; values are forwarded with
@@ -60,6 +64,7 @@ from onnxforge.graphbuilder.tensors import Tensor
 from onnxforge.passes.analysis import AnalysisManager
 from onnxforge.passes.domains import DEFAULT_DOMAINS, imported_version, opsets_in_scope
 from onnxforge.passes.effects import Effects, effect_analysis
+from onnxforge.passes.failing_branches import branch_constants
 from onnxforge.passes.fold import constant_value
 from onnxforge.passes.invariants import containers, is_nondeterministic
 from onnxforge.passes.manager import Pass, PassResult, check_int_option, register_pass
@@ -181,6 +186,16 @@ class _ShapeFolder:
         self.max_elements = max_elements
         self.names = cache(partial(NameScope.from_model, model))  # built when first needed
         self.changed = 0
+        self.pins = branch_constants(model, ctx, effects, _known, self.foldable)
+        """Contents that hold on every run that returns (:mod:`.failing_branches`)."""
+
+    def foldable(self, n: Node) -> bool:
+        """Whether ``n`` is a shape computation this pass may replace by its result."""
+        return not (n.domain not in DEFAULT_DOMAINS or n.op_type not in _SHAPE_OPS or not n.outputs
+                    or (n.attributes and any(a.type in (AttrType.GRAPH, AttrType.GRAPHS) or a.ref_attr_name
+                                             for a in n.attributes.values()))
+                    or is_nondeterministic(n) or self.effects.has_side_effects(n)
+                    or any(n.graph.is_output(o) for o in n.outputs))
 
     def run(self, c: Container) -> None:
         opsets = opsets_in_scope(self.model, c)
@@ -197,7 +212,7 @@ class _ShapeFolder:
                     or is_nondeterministic(n) or self.effects.has_side_effects(n)
                     or any(a.ref_attr_name for a in n.attributes.values())):
                 continue
-            known = _known(self.ctx, n)
+            known = self.pins.get(n) or _known(self.ctx, n)
             if known is not None and all(a.size <= self.max_elements for a in known):
                 self.fold(c, n, known)
             elif n.op_type == "Slice" and opset >= 15:

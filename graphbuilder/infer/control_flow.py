@@ -5,7 +5,9 @@ element types (a difference is an error), equal ranks (otherwise the rank is
 unknown) and, per dimension, the dimension when both branches agree and
 ``None`` when they do not. When the condition is known, the taken branch's
 types are used. An output whose branches resolve to different alias roots
-(storage owners outside the branch) is rejected.
+(storage owners outside the branch) is rejected. In a speculation
+(``ShapesContext.live`` set), an ``If`` whose condition is known infers only
+the branch that runs.
 
 ``Loop`` carries types through its body: a carried value whose dimension
 changes between iterations gets a fresh symbol for that dimension (found by a
@@ -73,13 +75,17 @@ def _if(op: NodeInference) -> None:
     if not isinstance(then_g, Graph) or not isinstance(else_g, Graph):
         op.fail("needs then_branch and else_branch graphs")
     ctx = op.ctx
+    cond = op.value(0)
+    known = cond is not None and cond.size == 1 and isinstance(cond.flat()[0], bool)
+    if known and ctx.live is not None:
+        _if_taken(op, then_g if cond.flat()[0] else else_g)
+        return
     t_then = ctx.infer_subgraph(then_g, [], f"then_branch of {op.label}")
     t_else = ctx.infer_subgraph(else_g, [], f"else_branch of {op.label}")
     if len(t_then) != len(t_else) or len(t_then) != op.n_outputs:
         op.fail(f"branches have {len(t_then)} and {len(t_else)} outputs for {op.n_outputs} node outputs")
-    cond = op.value(0)
     taken = None
-    if cond is not None and cond.size == 1 and isinstance(cond.flat()[0], bool):
+    if known:
         taken = t_then if cond.flat()[0] else t_else
     for i, (a, b) in enumerate(zip(t_then, t_else)):
         t = taken[i] if taken is not None else join_types(a, b, f"{op.label} output {i}")
@@ -96,6 +102,21 @@ def _if(op: NodeInference) -> None:
                     f"({(ra if aliased_a else rb).name!r})")
         if aliased_a and aliased_b:
             ctx.add_alias(op.output(i), ra, f"branches of {op.label}")
+
+
+def _if_taken(op: NodeInference, branch: Graph) -> None:
+    """A speculation's ``If`` with a known condition: only the branch that runs is inferred
+    (an error in the other one would never happen)."""
+    ctx = op.ctx
+    types = ctx.infer_subgraph(branch, [], f"{branch.name or 'branch'} of {op.label}")
+    if len(types) != op.n_outputs:
+        op.fail(f"the branch that runs has {len(types)} outputs for {op.n_outputs} node outputs")
+    for i, t in enumerate(types):
+        op.set_type(i, t)
+        o = branch.outputs[i]
+        root = ctx.alias_root(o)
+        if root is not o:
+            ctx.add_alias(op.output(i), root, f"branch of {op.label}")
 
 
 def _carried(op: NodeInference, body: Graph, bound: Sequence[Type], init: Sequence[Type],

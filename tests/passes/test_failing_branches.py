@@ -1,0 +1,297 @@
+"""Constants that hold on every run that returns (``passes/failing_branches.py``).
+
+The models mirror torch.onnx's export of ``x.squeeze(-1)`` on a dimension it cannot
+see, followed by ``LSTMCell``'s batched-input test::
+
+    v = If(Gather(Shape(x), -1) == 1, then: Squeeze(x, [-1]), else: Identity(x))
+    u = If(Not(Size(Shape(v)) == 2), then: Unsqueeze(v, [0]), else: Identity(v))
+    y = LSTM(Unsqueeze(u, [0]), W, R)       # X must be 3-D
+
+Only ``t == 1`` inputs run: with the else branch of ``v`` the LSTM meets a 5-D X.
+onnxruntime and onnx.reference are the oracles, on inputs that run and on inputs
+that fail.
+"""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+from onnxruntime.capi.onnxruntime_pybind11_state import Fail, InvalidArgument, RuntimeException
+
+import onnxforge as of
+from onnxforge.graphbuilder.serde import load, to_onnx
+from onnxforge.graphbuilder.shapes import ShapeError, ShapesContext, SymTensor, Undecided
+from onnxforge.passes import optimize
+from onnxforge.passes.invariants import containers
+from onnxforge.proto_ext.types import TensorType
+
+from tests.passes.helpers import ort_run, reference_run
+
+H, C = 4, 8
+ORT_ERRORS = (Fail, InvalidArgument, RuntimeException)
+RNG = np.random.default_rng(11)
+
+
+def _i64(name: str, values: list[int] | int) -> onnx.TensorProto:
+    return helper.make_tensor(name, TensorProto.INT64, [] if isinstance(values, int) else [len(values)],
+                              [values] if isinstance(values, int) else values)
+
+
+def _branch(name: str, op: str, inputs: list[str], out: str) -> onnx.GraphProto:
+    return helper.make_graph([helper.make_node(op, inputs, [out])], name, [],
+                             [helper.make_tensor_value_info(out, TensorProto.FLOAT, None)])
+
+
+def _lstm_nodes(x: str, out: str) -> list[onnx.NodeProto]:
+    return [helper.make_node("LSTM", [x, "W", "R"], ["", f"{out}_h"], hidden_size=H),
+            helper.make_node("Squeeze", [f"{out}_h", "zero"], [out])]
+
+
+def squeeze_lstm(tail: str = "lstm") -> onnx.ModelProto:
+    """The model of the module docstring; ``tail`` changes what reads ``u``:
+
+    * ``lstm``: as above;
+    * ``reshape``: the else branch of ``u`` is ``Reshape(v, [1, -1, C])`` and feeds the LSTM
+      (an input that fails would run once the rank test is folded);
+    * ``dead``: the LSTM's result is unused, the output is ``Relu(u)``;
+    * ``relu``: no LSTM: ``Relu(Unsqueeze(u, [0]))``, nothing fails;
+    * ``branch``: the LSTM runs in a branch of an ``If`` on the input ``flag``;
+    * ``loop``: the LSTM runs in the body of a ``Loop`` of ``trips`` iterations.
+    """
+    nodes = [
+        helper.make_node("Shape", ["x"], ["s"]),
+        helper.make_node("Gather", ["s", "minus_one"], ["last"]),
+        helper.make_node("Equal", ["last", "one"], ["c"]),
+        helper.make_node("If", ["c"], ["v"],
+                         then_branch=_branch("squeeze", "Squeeze", ["x", "minus_one_1d"], "v_then"),
+                         else_branch=_branch("keep", "Identity", ["x"], "v_else")),
+        helper.make_node("Shape", ["v"], ["vs"]),
+        helper.make_node("Size", ["vs"], ["rank"]),
+        helper.make_node("Equal", ["rank", "two"], ["batched"]),
+        helper.make_node("Not", ["batched"], ["b"]),
+    ]
+    u_else = (_branch("flat", "Reshape", ["v", "flat_shape"], "u_else") if tail == "reshape"
+              else _branch("as_is", "Identity", ["v"], "u_else"))
+    nodes.append(helper.make_node("If", ["b"], ["u"], then_branch=_branch("batch", "Unsqueeze", ["v", "zero"], "u_then"),
+                                  else_branch=u_else))
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", C, "t"])]
+    if tail == "reshape":
+        nodes += _lstm_nodes("u", "y")
+    elif tail in ("lstm", "dead"):
+        nodes.append(helper.make_node("Unsqueeze", ["u", "zero"], ["X"]))
+        nodes += _lstm_nodes("X", "y" if tail == "lstm" else "unused")
+        if tail == "dead":
+            nodes.append(helper.make_node("Relu", ["u"], ["y"]))
+    elif tail == "relu":
+        nodes += [helper.make_node("Unsqueeze", ["u", "zero"], ["X"]), helper.make_node("Relu", ["X"], ["y"])]
+    elif tail == "branch":
+        inputs.append(helper.make_tensor_value_info("flag", TensorProto.BOOL, []))
+        body = helper.make_graph([helper.make_node("Unsqueeze", ["u", "zero"], ["X"]), *_lstm_nodes("X", "yb")],
+                                 "recur", [], [helper.make_tensor_value_info("yb", TensorProto.FLOAT, None)])
+        nodes.append(helper.make_node("If", ["flag"], ["y"], then_branch=body,
+                                      else_branch=_branch("other", "Identity", ["h0"], "y_other")))
+    elif tail == "loop":
+        inputs.append(helper.make_tensor_value_info("trips", TensorProto.INT64, []))
+        body = helper.make_graph(
+            [helper.make_node("Unsqueeze", ["u", "zero"], ["X"]), *_lstm_nodes("X", "yl"),
+             helper.make_node("Identity", ["cond_in"], ["cond_out"])],
+            "body", [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+                     helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+                     helper.make_tensor_value_info("acc", TensorProto.FLOAT, None)],
+            [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+             helper.make_tensor_value_info("yl", TensorProto.FLOAT, None)])
+        nodes.append(helper.make_node("Loop", ["trips", "", "h0"], ["y"], body=body))
+    else:
+        raise ValueError(tail)
+    inits = [
+        _i64("minus_one", -1), _i64("minus_one_1d", [-1]), _i64("one", 1), _i64("two", 2), _i64("zero", [0]),
+        _i64("flat_shape", [1, -1, C]),
+        helper.make_tensor("W", TensorProto.FLOAT, [1, 4 * H, C], RNG.standard_normal(4 * H * C).tolist()),
+        helper.make_tensor("R", TensorProto.FLOAT, [1, 4 * H, H], RNG.standard_normal(4 * H * H).tolist()),
+        helper.make_tensor("h0", TensorProto.FLOAT, [1, H], [0.0] * H),
+    ]
+    # the shapes of the inputs that run (the checker wants a shape on a graph output)
+    shape = {"dead": ["m", C], "relu": [1, "m", C]}.get(tail, ["m", H])
+    graph = helper.make_graph(nodes, f"squeeze_{tail}", inputs,
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.checker.check_model(model)
+    return model
+
+
+def _ops(m) -> list[str]:
+    return [n.op_type for c in containers(m) for n in c]
+
+
+def _feeds(n: int, t: int, **extra) -> dict[str, np.ndarray]:
+    return {"x": RNG.standard_normal((n, C, t)).astype(np.float32), **extra}
+
+
+def _assert_fails(model, feeds) -> None:
+    with pytest.raises(ORT_ERRORS):
+        ort_run(model, feeds)
+
+
+# ----------------------------------------------------------------------------- the pass
+
+
+def test_the_rank_test_folds_when_the_other_branch_fails():
+    proto = squeeze_lstm("lstm")
+    m = optimize(load(proto), debug=True)
+    ops = _ops(m)
+    assert ops.count("If") == 1, ops  # v's own If stays: it rejects t != 1
+    assert "Not" not in ops and "Size" not in ops and "Unsqueeze" in ops
+    assert of.check(to_onnx(m)) == []
+    for n in (1, 3):
+        feeds = _feeds(n, 1)
+        want = ort_run(proto, feeds)
+        np.testing.assert_array_equal(ort_run(m, feeds)[0], want[0])
+        np.testing.assert_allclose(reference_run(m, feeds)[0], want[0], rtol=1e-5, atol=1e-6)
+    for n, t in ((1, 2), (3, 4)):  # what failed still fails
+        _assert_fails(proto, _feeds(n, t))
+        _assert_fails(m, _feeds(n, t))
+
+
+def test_the_rank_test_folds_in_a_nested_graph():
+    """The same model as the then branch of an If on an input (torch exports a model
+    for two sample rates so): the constants are found in the branch."""
+    inner = squeeze_lstm("lstm").graph
+    branch = helper.make_graph(list(inner.node), "rate", [], list(inner.output))
+    other = _branch("other", "Identity", ["h0"], "y_other")
+    graph = helper.make_graph(
+        [helper.make_node("If", ["fast"], ["y"], then_branch=branch, else_branch=other)], "outer",
+        [*inner.input, helper.make_tensor_value_info("fast", TensorProto.BOOL, [])],
+        list(inner.output), list(inner.initializer))
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.checker.check_model(proto)
+    m = optimize(load(proto), debug=True)
+    ops = _ops(m)
+    assert "Not" not in ops and "Size" not in ops and ops.count("If") == 2, ops
+    for fast in (True, False):
+        feeds = _feeds(2, 1, fast=np.array(fast))
+        np.testing.assert_array_equal(ort_run(m, feeds)[0], ort_run(proto, feeds)[0])
+    _assert_fails(proto, _feeds(2, 3, fast=np.array(True)))
+    _assert_fails(m, _feeds(2, 3, fast=np.array(True)))
+
+
+@pytest.mark.parametrize("tail", ["reshape", "dead", "relu", "branch", "loop"])
+def test_no_constant_without_a_certain_failure(tail):
+    """The rank test stays when the failure is not certain, or would stop happening."""
+    proto = squeeze_lstm(tail)
+    m = optimize(load(proto), debug=True)
+    ops = _ops(m)
+    assert "Size" in ops and "Not" in ops, (tail, ops)
+    extra = {"flag": np.array(True)} if tail == "branch" else {"trips": np.array(2, np.int64)} if tail == "loop" else {}
+    for n, t in ((1, 1), (2, 1), (2, 3)):
+        feeds = _feeds(n, t, **extra)
+        try:
+            want = ort_run(proto, feeds)
+        except ORT_ERRORS:
+            if tail != "dead":  # dead code goes (dce), and its failure with it
+                _assert_fails(m, feeds)
+            continue
+        got = ort_run(m, feeds)
+        assert len(got) == len(want)
+        for w, g in zip(want, got):
+            np.testing.assert_array_equal(g, w)
+
+
+def test_reshape_tail_still_rejects_what_the_original_rejects():
+    proto = squeeze_lstm("reshape")
+    m = optimize(load(proto))
+    _assert_fails(proto, _feeds(2, 3))
+    _assert_fails(m, _feeds(2, 3))
+
+
+# ----------------------------------------------------------------------------- speculation
+
+
+def _speculation_of(tail: str):
+    m = load(squeeze_lstm(tail))
+    ctx = ShapesContext(m, write_back=False, strict=False).infer_graph()
+    nodes = {n.outputs[0].name if n.outputs else n.name: n for c in containers(m) for n in c}
+    return m, ctx, nodes
+
+
+def _assume_v(ctx: ShapesContext, nodes, rank: int, live) -> ShapesContext:
+    s = ctx.speculation(live)
+    v = nodes["v"].outputs[0]
+    after = [n for n in m_order(nodes) if n is not nodes["v"]]
+    s.forget([v, *(o for n in after for o in n.outputs)])
+    shape = ("n", C) if rank == 2 else ("n", C, "t")
+    s.set_type(v, TensorType(TensorProto.FLOAT, shape), "test")
+    return s
+
+
+def m_order(nodes) -> list:
+    """The main-graph nodes after ``v``'s If, in order."""
+    v = nodes["v"]
+    graph = v.graph
+    order = list(graph)
+    return order[order.index(v) + 1:]
+
+
+def test_speculation_fails_on_the_branch_that_makes_the_lstm_fail():
+    m, ctx, nodes = _speculation_of("lstm")
+    live = frozenset(n for c in containers(m) for n in c)
+    s = _assume_v(ctx, nodes, 3, live)
+    with pytest.raises(ShapeError, match="X must be 3-D"):
+        for n in m_order(nodes):
+            s.infer_node(n)
+    ok = _assume_v(ctx, nodes, 2, live)
+    for n in m_order(nodes):
+        ok.infer_node(n)
+    assert ok.value_of(nodes["b"].outputs[0]).flat() == [False]
+    assert ok.shape_of(nodes["X"].outputs[0])[0] == 1 and len(ok.shape_of(nodes["X"].outputs[0])) == 3
+
+
+def test_speculation_infers_only_the_branch_that_runs():
+    """With the condition known, the branch that does not run is not inferred: an error
+    there is no error of the run. Without a speculation both branches are inferred."""
+    m, ctx, nodes = _speculation_of("branch")
+    live = frozenset(n for c in containers(m) for n in c)
+    y_if = nodes["y"]
+    for flag, error in ((False, None), (True, ShapeError)):
+        s = _assume_v(ctx, nodes, 3, live)
+        s.set_value(y_if.inputs[0], SymTensor.of(TensorProto.BOOL, flag), "test")
+        run = [n for n in m_order(nodes)]
+        if error is None:
+            for n in run:
+                s.infer_node(n)
+        else:
+            with pytest.raises(error):
+                for n in run:
+                    s.infer_node(n)
+    s = _assume_v(ctx, nodes, 3, live)  # the flag unknown: the branch need not run
+    with pytest.raises(Undecided):
+        for n in m_order(nodes):
+            s.infer_node(n)
+
+
+def test_speculation_error_in_a_dead_node_decides_nothing():
+    m, ctx, nodes = _speculation_of("lstm")
+    s = _assume_v(ctx, nodes, 3, frozenset())  # no node is live
+    with pytest.raises(Undecided, match="need not run"):
+        for n in m_order(nodes):
+            s.infer_node(n)
+
+
+def test_speculation_error_in_a_loop_body_decides_nothing():
+    m, ctx, nodes = _speculation_of("loop")
+    live = frozenset(n for c in containers(m) for n in c)
+    s = _assume_v(ctx, nodes, 3, live)
+    with pytest.raises(Undecided, match="body"):
+        for n in m_order(nodes):
+            s.infer_node(n)
+
+
+def test_a_speculation_leaves_its_context_unchanged():
+    m, ctx, nodes = _speculation_of("lstm")
+    before = {v: t for v, t in ctx.values()}
+    live = frozenset(n for c in containers(m) for n in c)
+    s = _assume_v(ctx, nodes, 2, live)
+    for n in m_order(nodes):
+        s.infer_node(n)
+    assert {v: t for v, t in ctx.values()} == before
+    assert ctx.shape_of(nodes["v"].outputs[0]) is None  # the join: rank 2 or 3
