@@ -46,7 +46,12 @@ from collections.abc import Callable, Container, Iterator
 import numpy as np
 from onnxforge.graphbuilder.ir import Graph, Model, Node, Value
 from onnxforge.graphbuilder.scope_order import topological_order
-from onnxforge.graphbuilder.shapes import ShapeError, ShapesContext, SymTensor, Undecided
+from onnxforge.graphbuilder.shapes import (
+    ShapeError,
+    ShapesContext,
+    SymTensor,
+    Undecided,
+)
 from onnxforge.graphbuilder.tensors import Tensor
 from onnxforge.passes.domains import DEFAULT_DOMAINS
 from onnxforge.passes.effects import Effects

@@ -17,15 +17,23 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper
-from onnxruntime.capi.onnxruntime_pybind11_state import Fail, InvalidArgument, RuntimeException
-
-import onnxforge as of
 from onnxforge.graphbuilder.serde import load, to_onnx
-from onnxforge.graphbuilder.shapes import ShapeError, ShapesContext, SymTensor, Undecided
+from onnxforge.graphbuilder.shapes import (
+    ShapeError,
+    ShapesContext,
+    SymTensor,
+    Undecided,
+)
 from onnxforge.passes import optimize
 from onnxforge.passes.invariants import containers
 from onnxforge.proto_ext.types import TensorType
+from onnxruntime.capi.onnxruntime_pybind11_state import (
+    Fail,
+    InvalidArgument,
+    RuntimeException,
+)
 
+import onnxforge as of
 from tests.passes.helpers import ort_run, reference_run
 
 H, C = 4, 8
