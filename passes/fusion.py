@@ -251,7 +251,23 @@ class FusionPass(Pass):
     runs_after = ("inline", "constant_folding")
 
     def call(self, model: Model) -> PassResult:
-        return PassResult(model, fuse(model, LazyShapes(self.analyses, model)) > 0)
+        shapes = LazyShapes(self.analyses, model)
+        if _gemm_candidate(model):
+            # MatMul + Add -> Gemm asks for a rank: asked after Conv fusions rebuilt their
+            # nodes, the inference could replay none of them
+            shapes.prefetch()
+        return PassResult(model, fuse(model, shapes) > 0)
+
+
+def _gemm_candidate(model: Model) -> bool:
+    """Whether some MatMul's one reader is an Add (what the Gemm rule matches)."""
+    for c in containers(model):
+        for n in c:
+            if n.op_type == "MatMul" and n.outputs and n.outputs[0].num_uses() == 1:
+                user = n.outputs[0].uses()[0][0]
+                if user.op_type == "Add":
+                    return True
+    return False
 
 
 

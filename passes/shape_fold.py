@@ -339,10 +339,15 @@ class LazyShapes:
         self._ctx: ShapesContext | None = None
         self._asked = False
 
-    def type_of(self, v: Value) -> Any:
+    def prefetch(self) -> None:
+        """Infer now, before any rewrite: on the model as the pass found it, the nodes the
+        last inference saw replay its results (:mod:`~onnxforge.graphbuilder.shapes_memo`)."""
         if not self._asked:
             self._asked = True
             self._ctx = shapes_for_rewrite(self._analyses, self._model)
+
+    def type_of(self, v: Value) -> Any:
+        self.prefetch()
         return None if self._ctx is None else self._ctx.type_of(v)
 
 

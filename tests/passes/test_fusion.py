@@ -118,6 +118,35 @@ def test_matmul_add_becomes_gemm(cshape):
     _close(before, m, {"a": _f32(3, 4)})
 
 
+def test_gemm_fusion_infers_shapes_before_the_conv_fusions_rewrite(monkeypatch):
+    """The Gemm rule asks for a rank. The pass infers before any rewrite, so every node of
+    the last inference replays it; asked after the Conv + BatchNormalization fusions
+    rebuilt their nodes, the inference would replay none of those."""
+    import onnxforge.passes.analyses as analyses
+
+    contexts = []
+    compute = analyses.ShapesAnalysis.compute
+    monkeypatch.setattr(analyses.ShapesAnalysis, "compute",
+                        lambda self, model, am: contexts.append(compute(self, model, am)) or contexts[-1])
+    g = GraphBuilder(opset=21)
+    x = g.input("x", FLOAT, [1, 4, 5, 5])
+    y = x
+    for k in range(3):
+        bn = [g.initializer(f"{p}{k}", (np.abs(_f32(4)) + 0.5) if p == "v" else _f32(4)) for p in "sbmv"]
+        conv = g.op.Conv(y, g.initializer(f"W{k}", _f32(4, 4, 3, 3)), pads=[1, 1, 1, 1])
+        y = g.op.Relu(g.op.BatchNormalization(conv, *bn))
+    flat = g.op.Identity(g.op.Flatten(g.op.GlobalAveragePool(y)))  # for identity_elimination
+    g.output(g.op.Add(g.op.MatMul(flat, g.initializer("B", _f32(4, 8))), g.initializer("C", _f32(8))), "z")
+    m = g.to_model()
+    before = to_onnx(m)
+    optimize(m, passes=["shape_folding", "identity_elimination", "fusion"])
+    assert _ops(m) == ["Conv", "Relu"] * 3 + ["GlobalAveragePool", "Flatten", "Gemm"]
+    assert len(contexts) == 2  # shape_folding's, then fusion's (identity_elimination dropped it)
+    nodes = len(before.graph.node) - 1  # the Identity went
+    assert contexts[0].replayed == 0 and contexts[1].replayed == nodes
+    _close(before, m, {"x": _f32(1, 4, 5, 5)})
+
+
 def test_matmul_add_kept_for_3d_input_or_unknown_rank_or_row_bias_on_symbolic_rows():
     for shape, cshape in (([2, 3, 4], (8,)), (None, (8,)), (["n", 4], (3, 8))):
         g = GraphBuilder(opset=21)
