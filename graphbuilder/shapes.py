@@ -308,6 +308,7 @@ class ShapesContext:
         self.replayed = 0
         """Nodes whose inference was taken from ``prior`` (their inputs had not changed)."""
         self._pinned: dict[Node, list[SymTensor]] | None = None
+        self._kept: Container[Node] | None = None
         self.live: Container[Node] | None = None
         """Set on a speculation (a :meth:`scratch` that asks whether some types make the model
         fail): the nodes that run whenever their graph runs. An ``If`` whose condition is
@@ -569,6 +570,8 @@ class ShapesContext:
     # -- inference -------------------------------------------------------------------
     def infer_node(self, node: Node) -> list[Type]:
         """Infer the output types of one node from what is known of its inputs."""
+        if self._kept is not None and node in self._kept:
+            return [self.type_of(o) for o in node.outputs]
         if self._pinned is not None and node in self._pinned:
             for o, content in zip(node.outputs, self._pinned[node]):
                 self.set_value(o, content, "pinned")
@@ -736,18 +739,19 @@ class ShapesContext:
         c._fn_cache = {}
         c._records = c._prior = c._prior_index = c._seeds = c._prior_seeds = None
         c.replayed = 0
-        c.live, c._pinned = self.live, self._pinned
+        c.live, c._pinned, c._kept = self.live, self._pinned, self._kept
         return c
 
-    def speculation(self, live: Container[Node], pinned: dict[Node, list[SymTensor]] | None = None
-                    ) -> ShapesContext:
+    def speculation(self, live: Container[Node], pinned: dict[Node, list[SymTensor]] | None = None,
+                    kept: Container[Node] | None = None) -> ShapesContext:
         """A :meth:`scratch` copy that infers what some assumed types imply (see :attr:`live`).
 
         Declared types that the assumption contradicts are replaced, not errors (value_info
         never makes a run fail). The nodes of ``pinned`` take those output contents instead
-        of being inferred."""
+        of being inferred; the nodes of ``kept`` (which read nothing the assumption
+        changes) keep their results."""
         c = self.scratch()
-        c.live, c.strict, c._pinned = live, False, pinned
+        c.live, c.strict, c._pinned, c._kept = live, False, pinned, kept
         c._storage = getattr(self, "_storage", None)  # a speculation runs on the IR unchanged
         return c
 

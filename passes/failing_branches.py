@@ -152,31 +152,42 @@ def _made_by(nodes: list[Node]) -> Iterator[Value]:
                 yield from _made_by(list(sg))
 
 
-def _cone(order: list[Node], at: int) -> tuple[list[Node], set[Value] | None]:
-    """The nodes after ``order[at]`` that read its outputs, directly or not (in their
-    bodies too), in order: the ones whose types an assumption about it can change; and
-    the values they make that depend on those outputs, or None when no ``Shape`` or
-    ``Size`` reads one (only then can a content become known)."""
-    dirty: set[Value] = set(order[at].outputs)
-    typed: list[Node] = []
-    cone = [n for n in order[at + 1:] if _spread(n, dirty, typed)]
-    return cone, dirty if typed else None
+class _Cone:
+    """What an assumption about the outputs of ``order[at]`` (an ``If``) can change: the
+    nodes after it that read those outputs, directly or not, at any depth (``nodes``:
+    these are inferred again; every other node keeps its result) and the values they make
+    (``values``); ``cone`` is those of ``order`` in order. ``reads_type``: a ``Shape`` or
+    ``Size`` reads one of the values (only then can a content become known)."""
 
+    def __init__(self, order: list[Node], at: int):
+        self.values: set[Value] = set(order[at].outputs)
+        self.nodes: set[Node] = set()
+        self.reads_type = False
+        self.cone = [n for n in order[at + 1:] if self._spread(n)]
 
-def _spread(n: Node, dirty: set[Value], typed: list[Node]) -> bool:
-    """Whether ``n`` reads a value of ``dirty`` (in its bodies too); if so its outputs
-    join ``dirty``. A ``Shape`` or ``Size`` reading one is added to ``typed``."""
-    touched = any(v in dirty for v in n.inputs if v is not None)
-    if touched and n.op_type in _TYPE_READERS:
-        typed.append(n)
-    if n.attributes:
-        for sg in n.subgraphs():
-            for m in sg:
-                touched = _spread(m, dirty, typed) or touched
-            touched = touched or any(v in dirty for v in sg.outputs)
-    if touched:
-        dirty.update(n.outputs)
-    return touched
+    def _spread(self, n: Node) -> bool:
+        dirty = self.values
+        touched = any(v in dirty for v in n.inputs if v is not None)
+        if n.attributes and n.subgraphs():
+            if n.op_type == "If":  # branches take no inputs: follow the values
+                for sg in n.subgraphs():
+                    for m in sg:
+                        touched = self._spread(m) or touched
+                    touched = touched or any(v in dirty for v in sg.outputs)
+            else:  # a body's inputs and carried values derive from the node's inputs
+                inner = list(_nested(list(n.subgraphs()[0]) if len(n.subgraphs()) == 1 else
+                                     [m for sg in n.subgraphs() for m in sg]))
+                if touched or any(v in dirty for m in inner for v in m.inputs if v is not None):
+                    touched = True
+                    self.nodes.update(inner)
+                    dirty.update(_made_by([n]))
+                    self.reads_type = self.reads_type or any(m.op_type in _TYPE_READERS for m in inner)
+        if touched:
+            if n.op_type in _TYPE_READERS and any(v in dirty for v in n.inputs if v is not None):
+                self.reads_type = True
+            dirty.update(n.outputs)
+            self.nodes.add(n)
+        return touched
 
 
 def _branch_outputs(ctx: ShapesContext, node: Node, attr: str) -> tuple[list[Type], list[SymTensor | None]]:
@@ -205,17 +216,18 @@ def _candidate(ctx: ShapesContext, node: Node) -> bool:
 class _Speculation:
     """The types of one branch of ``order[at]`` (an ``If``) assumed for its outputs."""
 
-    def __init__(self, ctx: ShapesContext, live: Container[Node], node: Node, cone: list[Node],
+    def __init__(self, ctx: ShapesContext, live: Container[Node], node: Node, cone: _Cone,
                  made: list[Value], attr: str):
         self.ctx, self.live, self.node, self.cone = ctx, live, node, cone
         self.types, self.values = _branch_outputs(ctx, node, attr)
         self.made = made
+        self.kept = frozenset(m for m in _nested(cone.cone) if m not in cone.nodes)
 
     def run(self, pins: dict[Node, list[np.ndarray]]) -> tuple[bool | None, ShapesContext]:
         """(True when a node that runs fails, False when none does, None when undecided;
         the context). Nodes in ``pins`` take those contents instead of being inferred."""
         pinned = {m: [SymTensor.of(Tensor.from_numpy(a).dtype, a) for a in arrays] for m, arrays in pins.items()}
-        s = self.ctx.speculation(self.live, pinned)
+        s = self.ctx.speculation(self.live, pinned, self.kept)
         node = self.node
         s.forget([*node.outputs, *self.made])
         try:
@@ -224,7 +236,7 @@ class _Speculation:
                     s.set_value(o, c, "speculation")
                 else:
                     s.set_type(o, t, "speculation")
-            for m in self.cone:
+            for m in self.cone.cone:
                 s.infer_node(m)
         except Undecided:
             return None, s
@@ -255,10 +267,11 @@ def branch_constants(model: Model, ctx: ShapesContext, effects: Effects, known: 
                 continue  # (a condition found constant already: the If goes)
             if order is None:
                 order = topological_order(g)
-            cone, dirty = _cone(order, order.index(node))
-            if dirty is None:
+            cone = _Cone(order, order.index(node))
+            if not cone.reads_type:
                 continue  # no content after it can become known
-            made = list(_made_by(cone))
+            dirty = cone.values
+            made = [v for v in dirty if v not in node.outputs]
             if _aliased(ctx, made):
                 continue
             specs = [_Speculation(ctx, live, node, cone, made, a) for a in ("then_branch", "else_branch")]
@@ -270,7 +283,7 @@ def branch_constants(model: Model, ctx: ShapesContext, effects: Effects, known: 
                 continue  # both run, both fail, or undecided
             s_ok, failing_spec = (s_second, specs[0]) if first else (s_first, specs[1])
             found: list[Node] = []
-            for m in _nested(cone):
+            for m in _nested(cone.cone):
                 if m in pins or not any(o in dirty for o in m.outputs) or not foldable(m) \
                         or known(ctx, m) is not None:
                     continue
