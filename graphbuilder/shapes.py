@@ -55,10 +55,13 @@ from onnxforge.graphbuilder.ir import (
 from onnxforge.graphbuilder.scope_order import CycleError, topological_order
 from onnxforge.graphbuilder.shapes_memo import (
     Record,
+    Seen,
     find_record,
     node_label,
     record_key,
     replay,
+    seen,
+    unchanged,
 )
 from onnxforge.graphbuilder.storage import Storage
 from onnxforge.graphbuilder.symbolic import (
@@ -319,10 +322,12 @@ class ShapesContext:
         self._prior: dict[Node, Record] | None = None
         self._prior_seeds: dict[Value, tuple] | None = None
         self._prior_index: dict[tuple, list[Record]] | None = None
+        self._seen: dict[Node, Seen] | None = {} if memo else None
+        self._prior_seen: dict[Node, Seen] | None = None
         if memo and prior is not None and prior._records is not None and prior.graph is self.graph \
                 and prior.opsets == self.opsets and prior.trust_declared == trust_declared \
                 and prior.strict == strict and not prior.write_back and not write_back:
-            self._prior, self._prior_seeds = prior._records, prior._seeds
+            self._prior, self._prior_seeds, self._prior_seen = prior._records, prior._seeds, prior._seen
             self._counter = [prior._counter[0]]  # symbols made from here on are new to both
 
     # -- reading ---------------------------------------------------------------------
@@ -583,6 +588,15 @@ class ShapesContext:
     def _infer_recorded(self, node: Node) -> list[Type]:
         """:meth:`_infer_node`, recorded for a later context of the same model, or replayed
         from a record of the ``prior`` context when the node reads what it read."""
+        if self._prior_seen is not None and not self._alias_parent:
+            s = self._prior_seen.get(node)
+            if s is not None and unchanged(self, node, s):  # the very same inputs: no key to build
+                rec = s.record
+                replay(self, node, rec)
+                self._records[node] = rec
+                self._seen[node] = s
+                self.replayed += 1
+                return [t for t, _v, _s in rec.results]
         got = record_key(self, node)
         if got is None:
             return self._infer_node(node)
@@ -591,6 +605,7 @@ class ShapesContext:
         if rec is not None:
             replay(self, node, rec)
             self._records[node] = rec
+            self._note_seen(node, key, contents, rec)
             self.replayed += 1
             return [t for t, _v, _s in rec.results]
         equalities, conflicts = self.equalities, self.conflicts
@@ -604,7 +619,14 @@ class ShapesContext:
                 tuple(equalities[n_eq:]) if len(equalities) != n_eq else (),
                 tuple(conflicts[n_conf:]) if len(conflicts) != n_conf else (),
                 self._unknown_count != n_unknown, self._counter[0] != n_symbols, node)
+            self._note_seen(node, key, contents, self._records[node])
         return out
+
+    def _note_seen(self, node: Node, key: tuple, contents: tuple, rec: Record) -> None:
+        if self._seen is not None and not self._alias_parent:
+            s = seen(node, key, contents, rec)
+            if s is not None:
+                self._seen[node] = s
 
     def _infer_node(self, node: Node) -> list[Type]:
         rule = self._rules.lookup(node.domain, node.op_type)
@@ -737,7 +759,7 @@ class ShapesContext:
         c._alias_parent = dict(self._alias_parent)
         c._alias_members = {k: list(v) for k, v in self._alias_members.items()}
         c._fn_cache = {}
-        c._records = c._prior = c._prior_index = c._seeds = c._prior_seeds = None
+        c._records = c._prior = c._prior_index = c._seeds = c._prior_seeds = c._seen = c._prior_seen = None
         c.replayed = 0
         c.live, c._pinned, c._kept = self.live, self._pinned, self._kept
         return c

@@ -53,6 +53,68 @@ class Record:
         self.name = node.name  # the name its sources label it by
 
 
+class Seen:
+    """What one node read when it was inferred or replayed, by identity: its operator, its
+    attribute objects and values (lists copied), its input objects, each input's type and content objects, its outputs and
+    their declared types. A later context replays the record when the node reads the very
+    same objects (:func:`unchanged`), without building its key."""
+
+    __slots__ = ("op", "attrs", "inputs", "types", "contents", "outputs", "declared", "record")
+
+    def __init__(self, node: Node, types: tuple, contents: tuple, record: Record):
+        self.op = (node.domain, node.op_type, node.overload)
+        self.attrs = tuple((a, a.type, a.value, tuple(a.value) if type(a.value) is list else None)
+                           for a in node.attributes.values())
+        self.inputs = tuple(node._inputs)
+        self.types, self.contents = types, contents
+        self.outputs = tuple(node._outputs)
+        self.declared = tuple((o.type, bool(o.name)) for o in node._outputs)
+        self.record = record
+
+
+def seen(node: Node, key: tuple, contents: tuple, record: Record) -> Seen | None:
+    """The :class:`Seen` of a node whose ``key`` (from :func:`record_key`) led to ``record``;
+    None when an input is an encoded payload (its key entry is no type)."""
+    types = key[4]
+    for v, t in zip(node._inputs, types):
+        if v is not None and v.const is not None and not isinstance(v.const, Tensor):
+            return None
+    return Seen(node, types, contents, record)
+
+
+def unchanged(ctx: ShapesContext, node: Node, s: Seen) -> bool:
+    """Whether ``node`` reads, in ``ctx``, the very objects it read when ``s`` was taken (so
+    its record holds: types and contents are immutable, and an attribute edited in place
+    shows as another value object or another list)."""
+    if (node.domain, node.op_type, node.overload) != s.op or len(node._inputs) != len(s.inputs):
+        return False
+    attrs = node.attributes
+    if len(attrs) != len(s.attrs):
+        return False
+    for a, (a0, t0, v0, items) in zip(attrs.values(), s.attrs):
+        # an attribute edited in place: another value object, or a list changed
+        if a is not a0 or a.type != t0 or a.value is not v0 or (items is not None and tuple(v0) != items):
+            return False
+    types, values = ctx._types, ctx._values
+    for v, v0, t0, c0 in zip(node._inputs, s.inputs, s.types, s.contents):
+        if v is not v0:
+            return False
+        if v is None:
+            continue
+        t = types.get(v, _MISSING)
+        if t is _MISSING:
+            t = ctx.type_of(v)
+        if t is not t0 or values.get(v) is not c0:
+            return False
+    outs = node._outputs
+    if len(outs) != len(s.outputs):
+        return False
+    for o, o0, (declared, named) in zip(outs, s.outputs, s.declared):
+        if o is not o0 or o.type is not declared or bool(o.name) != named or o in types or o.alias_of is not None:
+            return False
+    return True
+
+
 def _signed(x: Any) -> Any:
     """A float with its sign (``-0.0 == 0.0``, but a rule may tell them apart)."""
     return (x, math.copysign(1.0, x)) if type(x) is float else x

@@ -62,6 +62,46 @@ def test_a_changed_attribute_is_inferred_again():
     assert ctx.replayed == len(m.graph) - 2  # Transpose and the Softmax reading it ran again
 
 
+def test_a_list_attribute_changed_in_place_is_inferred_again():
+    m = _chain()
+    am = AnalysisManager(m)
+    am.get("shapes")
+    am.invalidate()
+    perm = _node(m, "Transpose").attributes["perm"].value
+    perm[:] = [1, 0, 2]  # the very list edited
+    ctx = am.get("shapes")
+    assert str(ctx.type_of(m.graph.outputs[0])) == "FLOAT[2, n, 4]"
+    assert ctx.replayed == len(m.graph) - 2
+
+
+def test_a_replay_of_the_same_objects_builds_no_key(monkeypatch):
+    """Nodes that read the very objects they read last time replay without a key; a node
+    reading a new value, or a type made again (a graph input's is seeded in each context,
+    a rule that ran made a new one), builds one."""
+    import onnxforge.graphbuilder.shapes as shapes
+
+    m = _chain()
+    am = AnalysisManager(m)
+    am.get("shapes")
+    am.invalidate()
+    keyed = []
+    record_key = shapes.record_key
+    monkeypatch.setattr(shapes, "record_key", lambda ctx, node: keyed.append(node.op_type) or record_key(ctx, node))
+    ctx = am.get("shapes")
+    assert keyed == ["Relu", "Shape"] and ctx.replayed == len(m.graph)  # the readers of x
+    am.invalidate()
+    keyed.clear()
+    relu = _node(m, "Relu")
+    fresh = Value("x2", TensorType(FLOAT, ("n", 8)))
+    m.graph.inputs.append(fresh)
+    relu.set_input(0, fresh)
+    ctx = am.get("shapes")
+    # Relu reads a new value of the same type: its key finds its record, whose results
+    # are the objects the Reshape read, so the Reshape replays without a key
+    assert keyed == ["Relu", "Shape"] and ctx.replayed == len(m.graph)
+    assert _types(ctx, m) == _fresh(m)
+
+
 def test_a_new_input_value_is_inferred_again_and_so_is_what_reads_it():
     m = _chain()
     am = AnalysisManager(m)
