@@ -127,7 +127,8 @@ def trackable(elem_type: int, size: int) -> bool:
 class Undecided(Exception):
     """Raised in a speculative inference (:attr:`ShapesContext.live`) by an error that need
     not happen at run time: in a node no output depends on, in a loop body, in a branch of
-    an ``If`` whose condition is unknown, or in a local function's body."""
+    an ``If`` whose condition is unknown, in a local function's body, or symbolic
+    arithmetic that cannot be carried out."""
 
 
 class TypeConflict(Exception):
@@ -635,7 +636,8 @@ class ShapesContext:
             try:
                 rule(op)
             except SymbolicError as e:
-                self._speculation_failed(node, str(e))
+                if self.live is not None:  # arithmetic the symbols cannot express: no run fails for it
+                    raise Undecided(f"{_node_label(node)}: {e}") from e
                 raise ShapeError(f"{_node_label(node)}: {e}") from e
             except ShapeError as e:
                 self._speculation_failed(node, str(e))

@@ -303,3 +303,25 @@ def test_a_speculation_leaves_its_context_unchanged():
         s.infer_node(n)
     assert {v: t for v, t in ctx.values()} == before
     assert ctx.shape_of(nodes["v"].outputs[0]) is None  # the join: rank 2 or 3
+
+
+def test_symbolic_arithmetic_that_fails_decides_nothing(monkeypatch):
+    """A rule that cannot carry out its symbolic arithmetic has found no failing run."""
+    from onnxforge.graphbuilder import infer
+    from onnxforge.graphbuilder.symbolic import SymbolicError
+
+    m, ctx, nodes = _speculation_of("lstm")
+    lookup = infer.lookup
+
+    def failing(op):
+        raise SymbolicError("no closed form")
+
+    monkeypatch.setattr(infer, "lookup", lambda domain, op: failing if op == "LSTM" else lookup(domain, op))
+    live = frozenset(n for c in containers(m) for n in c)
+    s = _assume_v(ctx, nodes, 2, live)
+    with pytest.raises(Undecided, match="no closed form"):
+        for n in m_order(nodes):
+            s.infer_node(n)
+    plain = ShapesContext(m, write_back=False, strict=False)
+    with pytest.raises(ShapeError, match="no closed form"):
+        plain.infer_graph()
