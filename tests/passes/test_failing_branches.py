@@ -225,11 +225,20 @@ def _speculation_of(tail: str):
 def _assume_v(ctx: ShapesContext, nodes, rank: int, live) -> ShapesContext:
     s = ctx.speculation(live)
     v = nodes["v"].outputs[0]
-    after = [n for n in m_order(nodes) if n is not nodes["v"]]
-    s.forget([v, *(o for n in after for o in n.outputs)])
+    s.forget([v, *(o for n in m_order(nodes) for o in n.outputs)])
     shape = ("n", C) if rank == 2 else ("n", C, "t")
     s.set_type(v, TensorType(TensorProto.FLOAT, shape), "test")
     return s
+
+
+def _everything(m) -> frozenset:
+    """Every node counted as one that runs."""
+    return frozenset(n for c in containers(m) for n in c)
+
+
+def _infer_after_v(s: ShapesContext, nodes) -> None:
+    for n in m_order(nodes):
+        s.infer_node(n)
 
 
 def m_order(nodes) -> list:
@@ -240,16 +249,22 @@ def m_order(nodes) -> list:
     return order[order.index(v) + 1:]
 
 
-def test_speculation_fails_on_the_branch_that_makes_the_lstm_fail():
+@pytest.mark.parametrize("tail, live, error, match", [
+    ("lstm", "all", ShapeError, "X must be 3-D"),  # a node that runs fails: decided
+    ("lstm", "none", Undecided, "need not run"),   # the failing node might be skipped
+    ("loop", "all", Undecided, "body"),            # a loop body might never run
+])
+def test_what_the_failing_branch_decides(tail, live, error, match):
+    m, ctx, nodes = _speculation_of(tail)
+    s = _assume_v(ctx, nodes, 3, _everything(m) if live == "all" else frozenset())
+    with pytest.raises(error, match=match):
+        _infer_after_v(s, nodes)
+
+
+def test_the_other_branch_runs_and_makes_the_rank_test_constant():
     m, ctx, nodes = _speculation_of("lstm")
-    live = frozenset(n for c in containers(m) for n in c)
-    s = _assume_v(ctx, nodes, 3, live)
-    with pytest.raises(ShapeError, match="X must be 3-D"):
-        for n in m_order(nodes):
-            s.infer_node(n)
-    ok = _assume_v(ctx, nodes, 2, live)
-    for n in m_order(nodes):
-        ok.infer_node(n)
+    ok = _assume_v(ctx, nodes, 2, _everything(m))
+    _infer_after_v(ok, nodes)
     assert ok.value_of(nodes["b"].outputs[0]).flat() == [False]
     assert ok.shape_of(nodes["X"].outputs[0])[0] == 1 and len(ok.shape_of(nodes["X"].outputs[0])) == 3
 
@@ -258,49 +273,27 @@ def test_speculation_infers_only_the_branch_that_runs():
     """With the condition known, the branch that does not run is not inferred: an error
     there is no error of the run. Without a speculation both branches are inferred."""
     m, ctx, nodes = _speculation_of("branch")
-    live = frozenset(n for c in containers(m) for n in c)
+    live = _everything(m)
     y_if = nodes["y"]
     for flag, error in ((False, None), (True, ShapeError)):
         s = _assume_v(ctx, nodes, 3, live)
         s.set_value(y_if.inputs[0], SymTensor.of(TensorProto.BOOL, flag), "test")
-        run = [n for n in m_order(nodes)]
         if error is None:
-            for n in run:
-                s.infer_node(n)
+            _infer_after_v(s, nodes)
         else:
             with pytest.raises(error):
-                for n in run:
-                    s.infer_node(n)
+                _infer_after_v(s, nodes)
     s = _assume_v(ctx, nodes, 3, live)  # the flag unknown: the branch need not run
     with pytest.raises(Undecided):
-        for n in m_order(nodes):
-            s.infer_node(n)
-
-
-def test_speculation_error_in_a_dead_node_decides_nothing():
-    m, ctx, nodes = _speculation_of("lstm")
-    s = _assume_v(ctx, nodes, 3, frozenset())  # no node is live
-    with pytest.raises(Undecided, match="need not run"):
-        for n in m_order(nodes):
-            s.infer_node(n)
-
-
-def test_speculation_error_in_a_loop_body_decides_nothing():
-    m, ctx, nodes = _speculation_of("loop")
-    live = frozenset(n for c in containers(m) for n in c)
-    s = _assume_v(ctx, nodes, 3, live)
-    with pytest.raises(Undecided, match="body"):
-        for n in m_order(nodes):
-            s.infer_node(n)
+        _infer_after_v(s, nodes)
 
 
 def test_a_speculation_leaves_its_context_unchanged():
     m, ctx, nodes = _speculation_of("lstm")
     before = {v: t for v, t in ctx.values()}
-    live = frozenset(n for c in containers(m) for n in c)
+    live = _everything(m)
     s = _assume_v(ctx, nodes, 2, live)
-    for n in m_order(nodes):
-        s.infer_node(n)
+    _infer_after_v(s, nodes)
     assert {v: t for v, t in ctx.values()} == before
     assert ctx.shape_of(nodes["v"].outputs[0]) is None  # the join: rank 2 or 3
 
@@ -317,11 +310,10 @@ def test_symbolic_arithmetic_that_fails_decides_nothing(monkeypatch):
         raise SymbolicError("no closed form")
 
     monkeypatch.setattr(infer, "lookup", lambda domain, op: failing if op == "LSTM" else lookup(domain, op))
-    live = frozenset(n for c in containers(m) for n in c)
+    live = _everything(m)
     s = _assume_v(ctx, nodes, 2, live)
     with pytest.raises(Undecided, match="no closed form"):
-        for n in m_order(nodes):
-            s.infer_node(n)
+        _infer_after_v(s, nodes)
     plain = ShapesContext(m, write_back=False, strict=False)
     with pytest.raises(ShapeError, match="no closed form"):
         plain.infer_graph()
