@@ -186,8 +186,14 @@ class _ShapeFolder:
         self.max_elements = max_elements
         self.names = cache(partial(NameScope.from_model, model))  # built when first needed
         self.changed = 0
-        self.pins = branch_constants(model, ctx, effects, _known, self.foldable)
+        self.pins = branch_constants(model, ctx, effects, self._small_known, self.foldable)
         """Contents that hold on every run that returns (:mod:`.failing_branches`)."""
+
+    def _small_known(self, ctx: ShapesContext, n: Node) -> list[np.ndarray] | None:
+        """:func:`_known`, when every result is small enough to fold (the constants
+        ``branch_constants`` checks are the ones this pass folds)."""
+        known = _known(ctx, n)
+        return known if known is not None and all(a.size <= self.max_elements for a in known) else None
 
     def foldable(self, n: Node) -> bool:
         """Whether ``n`` is a shape computation this pass may replace by its result."""
