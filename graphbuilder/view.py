@@ -71,11 +71,14 @@ def _node(n: Node, path: str) -> NodeView:
     label = f"{path}({n.name!r})" if n.name else path
     nv = NodeView(
         path=label, name=n.name, op_type=n.op_type, domain=n.domain,
-        inputs=["" if v is None else v.name for v in n.inputs],
-        outputs=[v.name for v in n.outputs],
-        output_alias=[AliasSpec(a.output_index, a.input_index, a.kind) for a in n.output_alias],
+        inputs=["" if v is None else v.name for v in n._inputs],
+        outputs=[v.name for v in n._outputs],
+        output_alias=[AliasSpec(a.output_index, a.input_index, a.kind) for a in n.output_alias]
+        if n.output_alias else [],
         ref=n,
     )
+    if not n.attributes:
+        return nv
     for a in n.attributes.values():
         if a.type == AttrType.GRAPH and a.value is not None:
             nv.subgraphs.append((a.name, _graph(a.value, f"{label}.attribute[{a.name!r}].g", False)))
@@ -96,7 +99,7 @@ def _value_infos(container: Graph | Function) -> list[ValueSpec]:
     out = []
     boundary = {id(v) for v in container.inputs} | {id(v) for v in container.outputs}
     for n in container:
-        for v in n.outputs:
+        for v in n._outputs:
             if id(v) not in boundary and (v.has_value_info or v.type is not None or v.alias_of is not None):
                 out.append(_spec(v))
     if isinstance(container, Graph):
@@ -183,9 +186,14 @@ def _sparse_refs(data: object, path: str) -> list[ExternalSpec]:
     return []
 
 
+_TENSOR_ATTRS = frozenset({AttrType.TENSOR, AttrType.TENSORS, AttrType.SPARSE_TENSOR, AttrType.SPARSE_TENSORS})
+
+
 def _attribute_refs(nodes: list[Node], views: list[NodeView]) -> Iterator[ExternalSpec]:
     for n, nv in zip(nodes, views):
         for a in n.attributes.values():
+            if a.type not in _TENSOR_ATTRS:
+                continue
             apath = f"{nv.path}.attribute[{a.name!r}]"
             if a.type == AttrType.TENSOR:
                 yield from _tensor_refs(a.value, f"{apath}.t")
