@@ -175,8 +175,7 @@ class _Cone:
                         touched = self._spread(m) or touched
                     touched = touched or any(v in dirty for v in sg.outputs)
             else:  # a body's inputs and carried values derive from the node's inputs
-                inner = list(_nested(list(n.subgraphs()[0]) if len(n.subgraphs()) == 1 else
-                                     [m for sg in n.subgraphs() for m in sg]))
+                inner = list(_nested([m for sg in n.subgraphs() for m in sg]))
                 if touched or any(v in dirty for m in inner for v in m.inputs if v is not None):
                     touched = True
                     self.nodes.update(inner)
