@@ -353,6 +353,15 @@ class ShapesContext:
             self._seed(value)
         return self._values.get(value)
 
+    def condition_of(self, node: Node) -> bool | None:
+        """The value of an ``If`` node's condition when it is known, else None."""
+        cond = self.value_of(node.inputs[0]) if node.inputs else None
+        if cond is not None and cond.size == 1:
+            c = cond.flat()[0]
+            if isinstance(c, bool):
+                return c
+        return None
+
     def source_of(self, value: Value) -> str:
         """Where the knowledge about ``value`` came from."""
         self.type_of(value)
@@ -576,12 +585,13 @@ class ShapesContext:
     # -- inference -------------------------------------------------------------------
     def infer_node(self, node: Node) -> list[Type]:
         """Infer the output types of one node from what is known of its inputs."""
-        if self._kept is not None and node in self._kept:
-            return [self.type_of(o) for o in node.outputs]
-        if self._pinned is not None and node in self._pinned:
-            for o, content in zip(node.outputs, self._pinned[node]):
-                self.set_value(o, content, "pinned")
-            return [self.type_of(o) for o in node.outputs]
+        if self.live is not None:  # a speculation
+            if self._kept is not None and node in self._kept:
+                return [self.type_of(o) for o in node.outputs]
+            if self._pinned is not None and node in self._pinned:
+                for o, content in zip(node.outputs, self._pinned[node]):
+                    self.set_value(o, content, "pinned")
+                return [self.type_of(o) for o in node.outputs]
         if self._records is not None:
             return self._infer_recorded(node)
         return self._infer_node(node)
@@ -667,8 +677,7 @@ class ShapesContext:
         if node not in live:
             raise Undecided(f"{_node_label(node)} need not run: {reason}")
         if node.attributes and node.subgraphs():
-            cond = self.value_of(node.inputs[0]) if node.op_type == "If" and node.inputs else None
-            if cond is None or cond.size != 1 or not isinstance(cond.flat()[0], bool):
+            if node.op_type != "If" or self.condition_of(node) is None:
                 raise Undecided(f"the body of {_node_label(node)} need not run: {reason}")
 
     def infer_graph(self, graph: Graph | Function | None = None) -> ShapesContext:

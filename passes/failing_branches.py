@@ -120,17 +120,10 @@ def _graphs(ctx: ShapesContext, g: Graph) -> Iterator[Graph]:
     yield g
     for n in g:
         if n.attributes:
-            taken = _known_condition(ctx, n) if n.op_type == "If" else None
+            taken = ctx.condition_of(n) if n.op_type == "If" else None
             for sg in n.subgraphs() if taken is None else [n.attr("then_branch" if taken else "else_branch")]:
                 if isinstance(sg, Graph):
                     yield from _graphs(ctx, sg)
-
-
-def _known_condition(ctx: ShapesContext, node: Node) -> bool | None:
-    cond = ctx.value_of(node.inputs[0]) if node.inputs else None
-    if cond is not None and cond.size == 1 and isinstance(cond.flat()[0], bool):
-        return cond.flat()[0]
-    return None
 
 
 def _nested(nodes: list[Node]) -> Iterator[Node]:
@@ -139,7 +132,7 @@ def _nested(nodes: list[Node]) -> Iterator[Node]:
         yield n
         if n.attributes:
             for sg in n.subgraphs():
-                yield from _nested(list(sg))
+                yield from sg.all_nodes()
 
 
 def _made_by(nodes: list[Node]) -> Iterator[Value]:
@@ -203,7 +196,7 @@ def _candidate(ctx: ShapesContext, node: Node) -> bool:
         return False
     if len(then_g.outputs) != len(node.outputs) or len(else_g.outputs) != len(node.outputs):
         return False
-    if _known_condition(ctx, node) is not None:
+    if ctx.condition_of(node) is not None:
         return False
     if any(ctx.alias_root(o) is not o for o in node.outputs):
         return False

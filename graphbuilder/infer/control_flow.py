@@ -75,18 +75,15 @@ def _if(op: NodeInference) -> None:
     if not isinstance(then_g, Graph) or not isinstance(else_g, Graph):
         op.fail("needs then_branch and else_branch graphs")
     ctx = op.ctx
-    cond = op.value(0)
-    known = cond is not None and cond.size == 1 and isinstance(cond.flat()[0], bool)
-    if known and ctx.live is not None:
-        _if_taken(op, then_g if cond.flat()[0] else else_g)
+    taken_then = ctx.condition_of(op.node)
+    if taken_then is not None and ctx.live is not None:
+        _if_taken(op, then_g if taken_then else else_g)
         return
     t_then = ctx.infer_subgraph(then_g, [], f"then_branch of {op.label}")
     t_else = ctx.infer_subgraph(else_g, [], f"else_branch of {op.label}")
     if len(t_then) != len(t_else) or len(t_then) != op.n_outputs:
         op.fail(f"branches have {len(t_then)} and {len(t_else)} outputs for {op.n_outputs} node outputs")
-    taken = None
-    if known:
-        taken = t_then if cond.flat()[0] else t_else
+    taken = None if taken_then is None else t_then if taken_then else t_else
     for i, (a, b) in enumerate(zip(t_then, t_else)):
         t = taken[i] if taken is not None else join_types(a, b, f"{op.label} output {i}")
         op.set_type(i, t)
