@@ -39,12 +39,29 @@ def outer_producers(node: Node, owner: Graph | Function) -> Iterator[Node]:
                 yield p
 
 
+def _in_order(nodes: list[Node], g: Graph | Function) -> bool:
+    """Whether every node of ``nodes`` (the nodes of ``g``) comes after its producers."""
+    done: set[int] = set()
+    for n in nodes:
+        for v in n._inputs:
+            p = v._producer if v is not None else None
+            if p is not None and p.graph is g and id(p) not in done:
+                return False
+        if n.attributes and n.subgraphs():
+            for p in outer_producers(n, g):
+                if id(p) not in done:
+                    return False
+        done.add(id(n))
+    return True
+
+
 def topological_order(g: Graph | Function) -> list[Node]:
     """Nodes of ``g`` so that producers come first (stable for an already sorted graph)."""
     nodes = list(g)
+    if _in_order(nodes, g):  # the usual case: passes keep the order
+        return nodes
     position = {id(n): i for i, n in enumerate(nodes)}
     deps: dict[int, set[int]] = {}
-    sorted_already = True
     for i, n in enumerate(nodes):
         if n.attributes and n.subgraphs():
             d = {position[id(p)] for p in outer_producers(n, g)}
@@ -55,10 +72,6 @@ def topological_order(g: Graph | Function) -> list[Node]:
                 if p is not None and p.graph is g:
                     d.add(position[id(p)])
         deps[i] = d
-        if sorted_already and any(j >= i for j in d):
-            sorted_already = False
-    if sorted_already:
-        return nodes
     users: dict[int, list[int]] = {i: [] for i in range(len(nodes))}
     indeg = {i: len(d) for i, d in deps.items()}
     for i, d in deps.items():

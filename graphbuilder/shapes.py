@@ -151,10 +151,19 @@ def _norm_shape(shape: Sequence[Any] | None) -> tuple[Dim, ...] | None:
         raise ShapeError(f"shape {list(shape)!r}: {exc}") from None
 
 
+def _normalized(shape: tuple[Any, ...]) -> bool:
+    """Whether every dim is as :func:`as_dim` leaves it: an int, None or a non-constant
+    expression (the dims the rules make)."""
+    for d in shape:
+        if not (d is None or type(d) is int or (type(d) is SymExpr and not d.is_constant)):
+            return False
+    return True
+
+
 def normalize_type(t: Type) -> Type:
     """The same type with every dimension normalised (``dim_param`` text parsed)."""
     if isinstance(t, TensorType):
-        if t.shape is None or all(type(d) is int or d is None for d in t.shape):
+        if t.shape is None or _normalized(t.shape):
             return t
         shape = _norm_shape(t.shape)
         return t if shape == t.shape and all(not isinstance(d, str) for d in t.shape) else \

@@ -8,7 +8,7 @@ as the wire view does.
 """
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import replace
 
 from onnx import TensorProto
@@ -144,6 +144,32 @@ def _constant_ints(n: Node) -> tuple[int, ...] | None:
     return None
 
 
+class _IntValues(Mapping[str, tuple[int, ...]]):
+    """:func:`_int_values` of a graph, read on first use: only the alias and paged-cache
+    rules ask, and most models declare neither. A view is read while its IR is unchanged
+    (verification and storage analysis use it at once)."""
+
+    __slots__ = ("_graph", "_values")
+
+    def __init__(self, g: Graph):
+        self._graph: Graph | None = g
+        self._values: dict[str, tuple[int, ...]] = {}
+
+    def _read(self) -> dict[str, tuple[int, ...]]:
+        if self._graph is not None:
+            self._values, self._graph = _int_values(self._graph), None
+        return self._values
+
+    def __getitem__(self, name: str) -> tuple[int, ...]:
+        return self._read()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._read())
+
+    def __len__(self) -> int:
+        return len(self._read())
+
+
 def _int_values(g: Graph) -> dict[str, tuple[int, ...]]:
     """Small integer initializers and Constant outputs (for static range checks like L12)."""
     out: dict[str, tuple[int, ...]] = {}
@@ -232,7 +258,7 @@ def _graph(g: Graph, path: str, is_main: bool) -> GraphView:
                  if isinstance(v.const, EncodedTensor)],
         nodes=nodes,
         bindings=[(i.name, o.name) for i, o in g.bindings],
-        int_values=_int_values(g),
+        int_values=_IntValues(g),
         external_refs=list(_external_refs(g, nodes, path)),
         ref=g,
     )

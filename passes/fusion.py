@@ -29,7 +29,7 @@ Before / after::
 """
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from functools import cache, partial
 
 import numpy as np
@@ -337,13 +337,27 @@ def _full_range(params: tuple[np.ndarray, ...], dims: tuple[object, ...] | None)
     return True
 
 
+class _NoShapes(Exception):
+    """The model's shapes cannot be inferred: nothing is merged."""
+
+
 class _SliceMerger:
-    def __init__(self, model: Model, ctx: ShapesContext, effects: Effects):
+    def __init__(self, model: Model, shapes: Callable[[], ShapesContext | None], effects: Effects):
         self.model = model
-        self.ctx = ctx
+        self._shapes = shapes
+        self._ctx: ShapesContext | None = None
         self.effects = effects
         self.names = cache(partial(NameScope.from_model, model))  # built when first needed
         self.merged = 0
+
+    def shape_of(self, v: Value) -> tuple[object, ...] | None:
+        """The shape of ``v``; the analysis runs on the first question, which comes before
+        the first rewrite (most models have no candidate, and never ask)."""
+        if self._ctx is None:
+            self._ctx = self._shapes()
+            if self._ctx is None:
+                raise _NoShapes
+        return self._ctx.shape_of(v)
 
     def run(self, c: Graph | Function) -> None:
         opset = imported_version(opsets_in_scope(self.model, c), "") or 1
@@ -380,12 +394,12 @@ class _SliceMerger:
                 or t.num_uses() != 1 or c.is_output(t) or self.effects.has_side_effects(p)
                 or self.effects.has_side_effects(n) or p.inputs[0] is None):
             return
-        shape = self.ctx.shape_of(p.inputs[0])
+        shape = self.shape_of(p.inputs[0])
         rank = None if shape is None else len(shape)
         a, b = _slice_params(p, rank), _slice_params(n, rank)
         if a is None or b is None or set(a[2].tolist()) & set(b[2].tolist()):
             return
-        if _full_range(a, shape) or _full_range(b, self.ctx.shape_of(t)):
+        if _full_range(a, shape) or _full_range(b, self.shape_of(t)):
             return  # a no-op Slice goes in the rewrite; composing would keep it
         out = n.outputs[0]
         name = n.name or "Slice"
@@ -408,12 +422,12 @@ class _SliceMerger:
         self.merged += 1
 
     def try_merge(self, c: Graph | Function, t: Value, opset: int) -> None:
-        dims = self.ctx.shape_of(t)
-        if dims is None:
-            return
         slices = [u for u, i in t.uses() if i == 0 and u.op_type == "Slice" and u.graph is c
                   and u.domain in DEFAULT_DOMAINS and not self.effects.has_side_effects(u)]
         if len(slices) < 2 or len({id(u) for u in slices}) != len(slices):
+            return
+        dims = self.shape_of(t)
+        if dims is None:
             return
         ranges = [_slice_range(u, tuple(dims)) for u in slices]
         if any(r is None for r in ranges) or len({r[0] for r in ranges}) != 1:
@@ -462,13 +476,16 @@ class _SliceMerger:
 def merge_complementary_slices(model: Model, ctx: ShapesContext | None = None) -> int:
     """Replace unit-step Slices of one value along one static axis that cover it exactly,
     in pieces, by one ``Split``; returns how many Splits were made."""
-    if ctx is None:
-        ctx = shapes_for_rewrite(None, model)
-        if ctx is None:
-            return 0
-    merger = _SliceMerger(model, ctx, effect_analysis(model))
-    for c in list(containers(model)):
-        merger.run(c)
+    return _merge_slices(model, (lambda: shapes_for_rewrite(None, model)) if ctx is None else (lambda: ctx))
+
+
+def _merge_slices(model: Model, shapes: Callable[[], ShapesContext | None]) -> int:
+    merger = _SliceMerger(model, shapes, effect_analysis(model))
+    try:
+        for c in list(containers(model)):
+            merger.run(c)
+    except _NoShapes:  # asked before the first rewrite: nothing was merged
+        return 0
     return merger.merged
 
 
@@ -491,7 +508,4 @@ class SliceSplitPass(Pass):
     runs_after = ("inline",)
 
     def call(self, model: Model) -> PassResult:
-        ctx = shapes_for_rewrite(self.analyses, model)
-        if ctx is None:
-            return PassResult(model, False)
-        return PassResult(model, merge_complementary_slices(model, ctx) > 0)
+        return PassResult(model, _merge_slices(model, lambda: shapes_for_rewrite(self.analyses, model)) > 0)

@@ -49,6 +49,7 @@ from onnxforge.graphbuilder.tensors import onnx_dtype
 from onnxforge.passes.domains import canonical_domain
 from onnxforge.passes.fold import constant_value, lift_constants
 from onnxforge.passes.effects import Effects, effect_analysis
+from onnxforge.passes.elem_types import stated_elem_type
 from onnxforge.passes.invariants import containers
 from onnxforge.passes.manager import Pass, PassResult, check_int_option, register_pass
 from onnxforge.passes.records import make_attrs
@@ -619,10 +620,12 @@ def _squeeze_unsqueeze(m: Match) -> Value | None:
 
 
 def _cast_noop_typed(m: Match) -> Value | None:
-    t = m.type_of(m["x"])
-    if isinstance(t, TensorType) and t.elem_type == m.root.attr("to"):
-        return m["x"]
-    return None
+    # the element type the producers fix, when they do: no shape inference needed
+    et = stated_elem_type(m["x"])
+    if et is None:
+        t = m.type_of(m["x"])
+        et = t.elem_type if isinstance(t, TensorType) else None
+    return m["x"] if et is not None and et == m.root.attr("to") else None
 
 
 def _unsqueeze_squeeze(m: Match) -> Value | None:
@@ -689,15 +692,15 @@ def _slice_noop_axes(m: Match, starts: np.ndarray, ends: np.ndarray, axes: np.nd
     """Slice(x, starts, ends, axes, steps) -> x when every sliced axis keeps [0, dim)
     with step 1: start 0 (or <= -dim), end >= dim."""
     x = m["x"]
-    shape = m.shape_of(x)
     st = [int(v) for v in starts.reshape(-1)]
     en = [int(v) for v in ends.reshape(-1)]
     if len(st) != len(en):
         return None
     ax = list(range(len(st))) if axes is None else [int(v) for v in axes.reshape(-1)]
     sp = [1] * len(st) if steps is None else [int(v) for v in steps.reshape(-1)]
-    if len(ax) != len(st) or len(sp) != len(st) or any(v != 1 for v in sp):
-        return None
+    if len(ax) != len(st) or len(sp) != len(st) or any(v != 1 for v in sp) or any(s > 0 for s in st):
+        return None  # a start past 0 drops elements of any dimension: no shape needed to say so
+    shape = m.shape_of(x)
     for a, s, e in zip(ax, st, en):
         dim = None
         if shape is not None:

@@ -359,6 +359,11 @@ def tensor_proto_to_numpy(data: bytes, *, path: str = "tensor") -> Any:
     from google.protobuf.message import DecodeError
     from onnx import numpy_helper
 
+    from onnxforge.proto_ext.typed_data import decode_typed
+
+    fast = decode_typed(data)  # the common typed layouts, read straight from the bytes
+    if fast is not None:
+        return fast
     t = onnx.TensorProto()
     try:
         t.ParseFromString(data)

@@ -11,7 +11,7 @@ paths used in error messages: ``graph``, ``graph.node[3]('attn')``,
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -91,7 +91,8 @@ class GraphView:
     nodes: list[NodeView]
     bindings: list[tuple[str, str]] = field(default_factory=list)
     # Values of small integer initializers and Constant outputs (for static range checks).
-    int_values: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    # (the IR's view reads them on first use: any mapping)
+    int_values: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
     ref: Any = None  # the IR Graph this view was built from (None for a wire view)
     # External references of dense and sparse initializers and of the tensor attributes of
     # this graph's own nodes (a subgraph's are in its view; encoded values are in ``encoded``).

@@ -1,0 +1,146 @@
+"""Element types read off the graph (passes/elem_types.py), and the rules that ask for
+them before they ask the shapes analysis."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto
+
+from onnxforge.graphbuilder.builder import GraphBuilder
+from onnxforge.graphbuilder.ir import Model, Node, Value
+from onnxforge.graphbuilder.serde import to_onnx
+from onnxforge.graphbuilder.shapes import ShapesContext
+from onnxforge.passes import RewritePass, optimize
+from onnxforge.passes.elem_types import stated_elem_type
+from onnxforge.passes.fusion import SliceSplitPass
+
+from tests.passes.helpers import FLOAT, assert_same_outputs
+
+INT64, INT32, BOOL = TensorProto.INT64, TensorProto.INT32, TensorProto.BOOL
+RNG = np.random.default_rng(3)
+
+
+@pytest.fixture
+def inferences(monkeypatch) -> list[int]:
+    """Counts whole-model shape inferences (``ShapesContext.infer_graph`` on a main graph)."""
+    calls: list[int] = []
+    real = ShapesContext.infer_graph
+
+    def counted(self, graph=None):
+        if graph is None:
+            calls.append(1)
+        return real(self, graph)
+
+    monkeypatch.setattr(ShapesContext, "infer_graph", counted)
+    return calls
+
+
+def _many_ops() -> tuple[Model, list[Value]]:
+    g = GraphBuilder(opset=21)
+    x = g.input("x", FLOAT, [2, 3])
+    i = g.input("i", INT32, [2])
+    s = g.op.Shape(x)
+    vals = [
+        s, g.op.Size(x), g.op.Slice(s, g.constant(np.array([0], np.int64), "s0"),
+                                    g.constant(np.array([1], np.int64), "e0")),
+        g.op.Cast(x, to=TensorProto.FLOAT16), g.op.Relu(x), g.op.Add(x, x), g.op.Neg(i),
+        g.op.Equal(i, i), g.op.Not(g.op.Less(x, x)), g.op.Reshape(x, g.constant(np.array([3, 2], np.int64), "r")),
+        g.op.Transpose(x, perm=[1, 0]), g.op.Concat(i, i, axis=0), g.op.ArgMax(x, axis=1),
+        g.op.Where(g.op.Greater(i, i), i, i),
+        g.op.Gather(x, g.constant(np.array([1], np.int64), "gi"), axis=0),
+        g.op.Unsqueeze(i, g.constant(np.array([0], np.int64), "ua")),
+        g.op.Sigmoid(x),  # not read off the graph: None
+        g.initializer("w", np.zeros((2,), np.uint8)),
+    ]
+    for k, v in enumerate(vals):
+        g.output(g.op.Identity(v), f"y{k}")
+    return g.to_model(), vals
+
+
+def test_stated_elem_types_agree_with_onnx_shape_inference():
+    m, vals = _many_ops()
+    for v in vals:
+        v.type = None if v.const is None else v.type  # only the graph's structure may answer
+    inferred = onnx.shape_inference.infer_shapes(to_onnx(m), strict_mode=True)
+    types = {vi.name: vi.type.tensor_type.elem_type for vi in
+             [*inferred.graph.value_info, *inferred.graph.output, *inferred.graph.input]}
+    for init in inferred.graph.initializer:
+        types[init.name] = init.data_type
+    stated = {v.name: stated_elem_type(v) for v in vals}
+    known = {n: t for n, t in stated.items() if t is not None}
+    assert len(known) == len(vals) - 1
+    assert stated[vals[-2].name] is None  # Sigmoid
+    for name, t in known.items():
+        assert types[name] == t, name
+    assert stated[vals[2].name] == INT64 and stated[vals[7].name] == BOOL and stated[vals[6].name] == INT32
+
+
+def test_no_element_type_without_a_rule_that_fixes_it():
+    g = GraphBuilder(opset=21)
+    x = g.input("x", FLOAT, [2])
+    m = g.to_model()
+    custom = m.graph.append(Node("com.example", "Mystery", [x], ["c"]))
+    cast = m.graph.append(Node("", "Cast", [custom.outputs[0]], ["d"]))  # no `to`: no answer
+    assert stated_elem_type(custom.outputs[0]) is None
+    assert stated_elem_type(cast.outputs[0]) is None
+    assert stated_elem_type(x) == FLOAT
+    assert stated_elem_type(None) is None
+
+
+def test_cast_of_shape_arithmetic_goes_without_inferring_shapes(inferences):
+    # Cast(Slice(Shape(x)), INT64) -> the Slice: Shape gives INT64 on every opset;
+    # Cast(., INT32) of it changes the type and stays
+    g = GraphBuilder(opset=21)
+    x = g.input("x", FLOAT, ["b", 3])
+    s = g.op.Slice(g.op.Shape(x), g.constant(np.array([1], np.int64), "s0"),
+                   g.constant(np.array([2], np.int64), "e0"))
+    g.output(g.op.Cast(s, to=INT64), "n")
+    g.output(g.op.Cast(s, to=INT32), "n32")
+    m = g.to_model()
+    for n in m.graph:
+        for o in n.outputs:
+            o.type = None
+    before = to_onnx(m)
+    RewritePass()(m)
+    assert [n.op_type for n in m.graph].count("Cast") == 1
+    assert inferences == []
+    assert_same_outputs(before, m, {"x": RNG.standard_normal((5, 3)).astype(np.float32)})
+
+
+def test_a_slice_that_starts_past_zero_is_kept_without_inferring_shapes(inferences):
+    g = GraphBuilder(opset=21)
+    x = g.input("x", FLOAT, [4, 3])
+    y = g.op.Slice(x, g.initializer("s", np.array([1], np.int64)), g.initializer("e", np.array([9], np.int64)))
+    g.output(g.op.Identity(y), "y")
+    m = g.to_model()
+    RewritePass()(m)
+    assert [n.op_type for n in m.graph] == ["Slice", "Identity"]
+    assert inferences == []
+
+
+def _slices(complementary: bool) -> Model:
+    g = GraphBuilder(opset=21)
+    x = g.input("x", FLOAT, [2, 8])
+    lo = g.op.Slice(x, g.constant(np.array([0], np.int64), "s0"), g.constant(np.array([4], np.int64), "e0"),
+                    g.constant(np.array([1], np.int64), "a0"))
+    g.output(g.op.Identity(lo), "lo")
+    if complementary:
+        hi = g.op.Slice(x, g.constant(np.array([4], np.int64), "s1"), g.constant(np.array([8], np.int64), "e1"),
+                        g.constant(np.array([1], np.int64), "a1"))
+        g.output(g.op.Identity(hi), "hi")
+    m = g.to_model()
+    optimize(m, ["constant_folding"])
+    return m
+
+
+def test_slice_split_infers_shapes_only_for_a_candidate(inferences):
+    m = _slices(complementary=False)
+    assert not SliceSplitPass()(m).modified
+    assert inferences == []
+    m = _slices(complementary=True)
+    before = to_onnx(m)
+    assert SliceSplitPass()(m).modified
+    assert inferences == [1]
+    assert [n.op_type for n in m.graph] == ["Split", "Identity", "Identity"]
+    assert_same_outputs(before, m, {"x": RNG.standard_normal((2, 8)).astype(np.float32)})
