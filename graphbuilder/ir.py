@@ -99,12 +99,28 @@ class Alias:
 _GRAPH, _GRAPHS = AttrType.GRAPH, AttrType.GRAPHS
 
 
-def _has_graph(n: "Node") -> bool:
-    """Whether ``n`` has a graph-valued attribute (a walk asks this of every node)."""
-    for a in n.attributes.values():
-        if a.type == _GRAPH or a.type == _GRAPHS:
-            return True
-    return False
+def _collect_subgraphs(body: "_Body", out: list["Graph"]) -> None:
+    """Append the subgraphs of ``body``'s nodes, each followed by its own, depth first
+    (plain recursion: a walk of every graph is asked for by most passes)."""
+    n = body._head
+    while n is not None:
+        if n.attributes:
+            for a in n.attributes.values():
+                t = a.type
+                if t == _GRAPH:
+                    if a.value is not None:
+                        out.append(a.value)
+                        _collect_subgraphs(a.value, out)
+                elif t == _GRAPHS and a.value:
+                    for sg in a.value:
+                        out.append(sg)
+                        _collect_subgraphs(sg, out)
+        n = n._next
+
+
+def _collect_graphs(g: "Graph", out: list["Graph"]) -> None:
+    out.append(g)
+    _collect_subgraphs(g, out)
 
 
 class Value:
@@ -551,16 +567,20 @@ class Graph(_Body):
 
     # -- traversal -------------------------------------------------------------------
     def all_graphs(self) -> Iterator["Graph"]:
-        """This graph and every subgraph, depth first."""
-        yield self
-        for n in self:
-            if n.attributes and _has_graph(n):
-                for sg in n.subgraphs():
-                    yield from sg.all_graphs()
+        """This graph and every subgraph, depth first (as they are when asked: a snapshot)."""
+        out: list[Graph] = []
+        _collect_graphs(self, out)
+        return iter(out)
 
     def all_nodes(self) -> Iterator[Node]:
+        """The nodes of this graph and of every subgraph, graph by graph (a snapshot)."""
+        out: list[Node] = []
         for g in self.all_graphs():
-            yield from g
+            n = g._head
+            while n is not None:
+                out.append(n)
+                n = n._next
+        return iter(out)
 
     def values(self) -> Iterator[Value]:
         """Every value defined in this graph (inputs, initializers, node outputs)."""
@@ -615,10 +635,10 @@ class Function(_Body):
         return (self.domain, self.name, self.overload)
 
     def all_graphs(self) -> Iterator[Graph]:
-        for n in self:
-            if n.attributes and _has_graph(n):
-                for sg in n.subgraphs():
-                    yield from sg.all_graphs()
+        """Every subgraph of the body's nodes, depth first (a snapshot)."""
+        out: list[Graph] = []
+        _collect_subgraphs(self, out)
+        return iter(out)
 
     def path(self) -> str:
         return f"functions[{self.domain + '::' + self.name!r}]"

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from onnxforge.graphbuilder.ir import Function, Graph, Node
 from onnxforge.proto_ext.errors import OnnxforgeError
 
-__all__ = ["CycleError", "outer_producers", "topological_order"]
+__all__ = ["CycleError", "in_order_throughout", "outer_producers", "topological_order"]
 
 
 class CycleError(OnnxforgeError, ValueError):
@@ -37,6 +37,34 @@ def outer_producers(node: Node, owner: Graph | Function) -> Iterator[Node]:
             p = v.producer()
             if p is not None and p.graph is owner:
                 yield p
+
+
+def in_order_throughout(g: Graph | Function) -> bool:
+    """Whether ``g`` and every graph nested in it are each in dependency order, so that
+    :func:`topological_order` keeps each as it is; one walk of all of them. (A node is
+    visited after its bodies, so a producer is "done" when it comes before the reader or
+    before the node whose body holds the reader.)"""
+    return _walk_in_order(g, set())
+
+
+def _walk_in_order(g: Graph | Function, done: set[int]) -> bool:
+    n = g._head
+    while n is not None:
+        for v in n._inputs:
+            p = v._producer if v is not None else None
+            if p is not None and id(p) not in done:
+                return False
+        if n.attributes:
+            for sg in n.subgraphs():
+                if not _walk_in_order(sg, done):
+                    return False
+                for v in sg.outputs:
+                    p = v._producer
+                    if p is not None and id(p) not in done:
+                        return False
+        done.add(id(n))
+        n = n._next
+    return True
 
 
 def _in_order(nodes: list[Node], g: Graph | Function) -> bool:

@@ -52,7 +52,7 @@ from onnxforge.graphbuilder.ir import (
     Node,
     Value,
 )
-from onnxforge.graphbuilder.scope_order import CycleError, topological_order
+from onnxforge.graphbuilder.scope_order import CycleError, in_order_throughout, topological_order
 from onnxforge.graphbuilder.shapes_memo import (
     Record,
     Seen,
@@ -319,6 +319,10 @@ class ShapesContext:
 
         self._rules = _infer
         self.replayed = 0
+        # every graph is in dependency order (checked in one walk by a whole-graph
+        # inference, for the graphs it infers; ``_was_ordered`` keeps the last answer for
+        # speculations, which run on the IR unchanged)
+        self._ordered = self._was_ordered = False
         """Nodes whose inference was taken from ``prior`` (their inputs had not changed)."""
         self._pinned: dict[Node, list[SymTensor]] | None = None
         self._kept: Container[Node] | None = None
@@ -693,12 +697,24 @@ class ShapesContext:
         """Infer every node of ``graph`` (default: the context's graph) in topological order,
         recursing into control-flow bodies; returns ``self``."""
         g = self.graph if graph is None else graph
+        if self._ordered or g is not self.graph:
+            return self._infer_graph(g)
+        self._ordered = in_order_throughout(g)
+        try:
+            return self._infer_graph(g)
+        finally:
+            self._was_ordered, self._ordered = self._ordered, False
+
+    def _infer_graph(self, g: Graph | Function) -> ShapesContext:
         for v in g.inputs:
             self.type_of(v)
-        try:
-            order = topological_order(g)
-        except CycleError as e:
-            raise ShapeError(str(e)) from None
+        if self._ordered:
+            order = list(g)
+        else:
+            try:
+                order = topological_order(g)
+            except CycleError as e:
+                raise ShapeError(str(e)) from None
         for node in order:
             self.infer_node(node)
         for v in g.outputs:
@@ -782,6 +798,7 @@ class ShapesContext:
         c._records = c._prior = c._prior_index = c._seeds = c._prior_seeds = c._seen = c._prior_seen = None
         c.replayed = 0
         c.live, c._pinned, c._kept = self.live, self._pinned, self._kept
+        c._ordered = c._was_ordered = False
         return c
 
     def speculation(self, live: Container[Node], pinned: dict[Node, list[SymTensor]] | None = None,
@@ -795,6 +812,7 @@ class ShapesContext:
         c = self.scratch()
         c.live, c.strict, c._pinned, c._kept = live, False, pinned, kept
         c._storage = getattr(self, "_storage", None)  # a speculation runs on the IR unchanged
+        c._ordered = self._was_ordered
         return c
 
     def forget(self, values: Iterable[Value]) -> None:

@@ -101,23 +101,14 @@ def is_nondeterministic(node: Node) -> bool:
     return False
 
 
-def _subgraphs_of(c: Container) -> Iterator[Graph]:
-    """The subgraphs of ``c``'s nodes and theirs, depth first (nodes without attributes,
-    most of them, are passed over without building their list of subgraphs)."""
-    for n in c:
-        if n.attributes:
-            for sg in n.subgraphs():
-                yield sg
-                yield from _subgraphs_of(sg)
-
-
 def containers(model: Model) -> Iterator[Container]:
-    """The main graph, every subgraph and every local function body (with subgraphs)."""
-    yield model.graph
-    yield from _subgraphs_of(model.graph)
+    """The main graph, every subgraph and every local function body (with subgraphs),
+    depth first, as they are when asked (a snapshot)."""
+    out: list[Container] = list(model.graph.all_graphs())
     for fn in model.functions.values():
-        yield fn
-        yield from _subgraphs_of(fn)
+        out.append(fn)
+        out.extend(fn.all_graphs())
+    return iter(out)
 
 
 def called_functions(model: Model, roots: Iterable[Container]) -> set[tuple[str, str, str]]:
@@ -127,7 +118,8 @@ def called_functions(model: Model, roots: Iterable[Container]) -> set[tuple[str,
     work = list(roots)
     while work:
         c = work.pop()
-        for g in (c, *_subgraphs_of(c)):
+        graphs = [c, *c.all_graphs()] if isinstance(c, Function) else list(c.all_graphs())
+        for g in graphs:
             for n in g:
                 key = (n.domain, n.op_type, n.overload)
                 fn = model.functions.get(key)

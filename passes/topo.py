@@ -29,6 +29,7 @@ import heapq
 
 from onnxforge.proto_ext.errors import OnnxforgeError
 from onnxforge.graphbuilder.ir import Function, Graph, Model, Node, Value
+from onnxforge.graphbuilder.scope_order import in_order_throughout
 from onnxforge.graphbuilder.storage import Storage
 from onnxforge.passes.invariants import containers, owner_in
 from onnxforge.passes.manager import Pass, PassResult, register_pass
@@ -157,6 +158,9 @@ def topological_sort(model: Model) -> bool:
     """Sort every graph, subgraph and function body; True if any order changed."""
     changed = False
     storage = Storage(model)
+    if storage.stateless and in_order_throughout(model.graph) and all(
+            in_order_throughout(f) for f in model.functions.values()):
+        return False  # the usual case, recognised in one walk of every graph
     for c in list(containers(model)):
         changed = _sort(c, storage) or changed
     return changed

@@ -40,6 +40,8 @@ _SIGN = 1 << 63
 
 
 def _signed(v: int) -> int:
+    """A varint read as int64: its low 64 bits, two's complement (as protobuf reads it)."""
+    v &= 0xFFFF_FFFF_FFFF_FFFF
     return v - (1 << 64) if v >= _SIGN else v
 
 
@@ -109,9 +111,14 @@ def _decode(buf: memoryview) -> Any | None:
         else:
             values: list[int] = []
             p, stop = start, start + n
+            narrow = dtype == TensorProto.INT32  # int32 fields keep the low 32 bits, as protobuf does
             while p < stop:
                 v, p = _varint(buf, p, stop)
-                values.append(_signed(v))
+                if narrow:
+                    v &= 0xFFFFFFFF
+                    values.append(v - (1 << 32) if v >= 1 << 31 else v)
+                else:
+                    values.append(_signed(v))
             if len(values) != count:
                 return None
             arr = np.array(values, np_type).reshape(dims)

@@ -121,6 +121,9 @@ class ModelView:
     functions: list[FunctionView] = field(default_factory=list)
     model_dir: str | None = None
     opsets: dict[str, int] = field(default_factory=dict)
+    # every graph view in walk order, listed on the first walk (``verify.core.iter_graphs``:
+    # most rules walk them all; a view is not edited while it is checked)
+    walk: list[GraphView] | None = field(default=None, repr=False, compare=False)
 
 
 def _texts(values: Any) -> list[str]:

@@ -55,9 +55,13 @@ def run_checks(view: ModelView) -> list[Violation]:
 
 def iter_graphs(view: ModelView) -> Iterator[GraphView]:
     """The main graph and its subgraphs, then the subgraphs of local functions, depth first."""
-    roots = [view.graph] + [sub for f in view.functions for node in f.nodes for _, sub in node.subgraphs]
-    pending = list(reversed(roots))
-    while pending:
-        g = pending.pop()
-        yield g
-        pending.extend(sub for node in reversed(g.nodes) for _, sub in reversed(node.subgraphs))
+    if view.walk is None:
+        walk: list[GraphView] = []
+        roots = [view.graph] + [sub for f in view.functions for node in f.nodes for _, sub in node.subgraphs]
+        pending = list(reversed(roots))
+        while pending:
+            g = pending.pop()
+            walk.append(g)
+            pending.extend(sub for node in reversed(g.nodes) for _, sub in reversed(node.subgraphs))
+        view.walk = walk
+    return iter(view.walk)

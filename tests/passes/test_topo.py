@@ -140,3 +140,51 @@ def test_outer_values_read_by_a_branch_are_placed_before_the_branching_node():
     assert check_invariants(m) == []
     for flag in (True, False):
         assert_same_outputs(to_onnx(m), m, {**X, "c": np.array(flag)})
+
+
+def _random_scoped(seed: int) -> Graph:
+    """A random DAG whose If bodies (two levels deep) read values of the enclosing
+    graphs, its nodes listed in a random order in each graph."""
+    from onnxforge.graphbuilder.ir import Attr, AttrType
+
+    rng = np.random.default_rng(seed)
+
+    def body(name: str, outer: list[Value], depth: int) -> Graph:
+        g = Graph(name)
+        made: list[Value] = []
+        nodes: list[Node] = []
+        for k in range(int(rng.integers(1, 5))):
+            pool = outer + made
+            a = pool[int(rng.integers(len(pool)))]
+            if depth < 2 and rng.random() < 0.3:
+                then_g = body(f"{name}_t{k}", pool, depth + 1)
+                else_g = body(f"{name}_e{k}", pool, depth + 1)
+                n = Node("", "If", [outer[0]], [Value(f"{name}_{k}", T4)], name=f"{name}_{k}",
+                         attributes=[Attr("then_branch", AttrType.GRAPH, then_g),
+                                     Attr("else_branch", AttrType.GRAPH, else_g)])
+            else:
+                n = Node("", "Neg", [a], [Value(f"{name}_{k}", T4)], name=f"{name}_{k}")
+            made.append(n.outputs[0])
+            nodes.append(n)
+        for i in rng.permutation(len(nodes)) if rng.random() < 0.5 else range(len(nodes)):
+            g.append(nodes[int(i)])
+        g.outputs.append(made[-1])
+        return g
+
+    top = Graph("g")
+    x = top.add_input(Value("x", T4))
+    inner = body("b", [x], 0)
+    for n in list(inner):
+        inner.remove(n, safe=False)
+        top.append(n)
+    top.outputs.append(inner.outputs[0])
+    return top
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_one_walk_order_check_agrees_with_sorting_each_graph(seed):
+    from onnxforge.graphbuilder.scope_order import in_order_throughout, topological_order
+
+    g = _random_scoped(seed)
+    each = all(topological_order(c) == list(c) for c in g.all_graphs())
+    assert in_order_throughout(g) == each

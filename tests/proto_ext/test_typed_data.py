@@ -81,3 +81,15 @@ def test_other_layouts_are_left_to_stock_onnx():
         tensor_proto_to_numpy(wrong_count.SerializeToString())
     np.testing.assert_array_equal(tensor_proto_to_numpy(halves.SerializeToString()),
                                   np.array([1.0, 2.0], np.float16))
+
+
+@pytest.mark.parametrize("dtype, field", [(TensorProto.INT64, 7), (TensorProto.INT32, 5)])
+def test_varints_wider_than_the_field_keep_its_low_bits_as_protobuf_does(dtype, field):
+    # dims [2]; two 10-byte varints with bits set past bit 63
+    wide = b"\xff" * 9 + b"\x7f"
+    payload = wide + b"\x81\x80\x80\x80\x90\x80\x80\x80\x80\x01"
+    data = bytes([0x08, 0x02, 0x10, dtype, (field << 3) | 2, len(payload)]) + payload
+    got = decode_typed(data)
+    want = _stock(data)
+    assert got is not None and got.dtype == want.dtype
+    np.testing.assert_array_equal(got, want)
