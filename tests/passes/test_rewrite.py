@@ -258,7 +258,7 @@ def test_zero_pad_unit_tile_and_trivial_expand_are_removed():
 
 def test_cast_to_the_inferred_type_is_removed_with_the_shapes_analysis():
     # the value_info of t is missing: only inference knows t is FLOAT (Sigmoid's type is
-    # not among those passes/elem_types.py reads off the graph)
+    # not among those passes/stated.py reads off the graph)
     g = GraphBuilder(opset=21)
     x = g.input("x", FLOAT, [2, 3])
     t = g.op.Sigmoid(x)

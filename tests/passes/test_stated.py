@@ -1,5 +1,5 @@
-"""Element types read off the graph (passes/elem_types.py), and the rules that ask for
-them before they ask the shapes analysis."""
+"""Element types, ranks and shapes read off the graph (passes/stated.py), and the rules
+that ask for them before they ask the shapes analysis."""
 from __future__ import annotations
 
 import numpy as np
@@ -12,7 +12,7 @@ from onnxforge.graphbuilder.ir import Model, Node, Value
 from onnxforge.graphbuilder.serde import to_onnx
 from onnxforge.graphbuilder.shapes import ShapesContext
 from onnxforge.passes import RewritePass, optimize
-from onnxforge.passes.elem_types import stated_elem_type
+from onnxforge.passes.stated import stated_elem_type, stated_rank, stated_shape
 from onnxforge.passes.fusion import SliceSplitPass
 
 from tests.passes.helpers import FLOAT, assert_same_outputs
@@ -144,3 +144,71 @@ def test_slice_split_infers_shapes_only_for_a_candidate(inferences):
     assert inferences == [1]
     assert [n.op_type for n in m.graph] == ["Split", "Identity", "Identity"]
     assert_same_outputs(before, m, {"x": RNG.standard_normal((2, 8)).astype(np.float32)})
+
+
+def _vision_chain() -> tuple[Model, list[Value]]:
+    """A CNN-like chain (conv, norm, pools, activations, broadcasts, a residual) and the
+    shape arithmetic an exporter writes after it."""
+    g = GraphBuilder(opset=17)
+    x = g.input("x", FLOAT, ["n", 3, 16, 16])
+    w = g.initializer("w", np.ones((8, 3, 3, 3), np.float32))
+    c = g.op.Conv(x, w, pads=[1, 1, 1, 1])
+    bn = g.op.BatchNormalization(c, *[g.initializer(f"p{k}", np.ones(8, np.float32)) for k in range(4)])
+    h = g.op.HardSigmoid(g.op.Clip(bn, g.initializer("lo", np.float32(0)), g.initializer("hi", np.float32(6))))
+    r = g.op.Add(g.op.Mul(h, g.initializer("s", np.ones((8, 1, 1), np.float32))), bn)  # a residual
+    pooled = g.op.GlobalAveragePool(g.op.MaxPool(r, kernel_shape=[2, 2], strides=[2, 2]))
+    s = g.op.Shape(pooled)
+    vals = [c, bn, h, r, pooled, s, g.op.Cast(s, to=INT32), g.op.Size(pooled),
+            g.op.Relu(g.op.Div(pooled, g.initializer("d", np.float32(2)))),
+            g.op.Reshape(pooled, g.initializer("shape", np.array([0, -1], np.int64)))]
+    for k, v in enumerate(vals):
+        g.output(g.op.Identity(v), f"y{k}")
+    return g.to_model(), vals
+
+
+def test_stated_ranks_and_shapes_agree_with_onnx_shape_inference():
+    m, vals = _vision_chain()
+    for v in vals:
+        v.type = None
+    inferred = onnx.shape_inference.infer_shapes(to_onnx(m), strict_mode=True)
+    shapes = {vi.name: [d.dim_value if d.HasField("dim_value") else None for d in vi.type.tensor_type.shape.dim]
+              for vi in [*inferred.graph.value_info, *inferred.graph.output]}
+    ranks = [stated_rank(v) for v in vals]
+    assert ranks[:-1] == [len(shapes[v.name]) for v in vals[:-1]]
+    assert ranks[-1] is None  # Reshape: its rank is the target's length, not read here
+    assert stated_shape(vals[5]) == (4,) == tuple(shapes[vals[5].name])
+    assert stated_shape(vals[6]) == (4,)  # through the Cast
+    assert stated_shape(vals[7]) == () and shapes[vals[7].name] == []
+    assert stated_shape(vals[0]) is None  # symbolic batch: no static shape
+    assert stated_shape(m.graph.initializers["w"]) == (8, 3, 3, 3)
+
+
+def test_no_rank_through_an_operator_that_is_not_read():
+    g = GraphBuilder(opset=21)
+    x = g.input("x", FLOAT, [2, 3])
+    y = g.op.Flatten(g.op.Relu(x))  # Flatten's rank is 2 whatever x's: not among those read
+    g.output(g.op.Identity(g.op.Add(y, x)), "z")
+    m = g.to_model()
+    assert stated_rank(y) is None
+    assert stated_rank(m.graph.outputs[0].producer().inputs[0]) is None
+    assert stated_rank(x) == 2
+
+
+def test_slice_of_a_shape_vector_is_decided_without_inferring_shapes(inferences):
+    # Slice(Cast(Shape(x)), [0], [1]) keeps one of rank(x) = 4 entries: not a no-op, said
+    # without inference; of a rank-1 x it is the whole vector, and goes
+    for rank, kept in ((4, ["Shape", "Cast", "Slice", "Identity"]), (1, ["Shape", "Cast", "Identity"])):
+        g = GraphBuilder(opset=21)
+        x = g.input("x", FLOAT, ["b", 3, 8, 8][:rank])
+        s = g.op.Cast(g.op.Shape(g.op.Relu(x)), to=INT32)
+        y = g.op.Slice(s, g.initializer("s", np.array([0], np.int64)), g.initializer("e", np.array([1], np.int64)))
+        g.output(g.op.Identity(y), "y")
+        m = g.to_model()
+        for n in m.graph:
+            for o in n.outputs:
+                o.type = None
+        before = to_onnx(m)
+        RewritePass()(m)
+        assert [n.op_type for n in m.graph if n.op_type != "Relu"] == kept
+        assert inferences == []
+        assert_same_outputs(before, m, {"x": RNG.standard_normal((2, 3, 8, 8)[:rank]).astype(np.float32)})
