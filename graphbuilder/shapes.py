@@ -319,11 +319,11 @@ class ShapesContext:
 
         self._rules = _infer
         self.replayed = 0
+        """Nodes whose inference was taken from ``prior`` (their inputs had not changed)."""
         # every graph is in dependency order (checked in one walk by a whole-graph
         # inference, for the graphs it infers; ``_was_ordered`` keeps the last answer for
         # speculations, which run on the IR unchanged)
         self._ordered = self._was_ordered = False
-        """Nodes whose inference was taken from ``prior`` (their inputs had not changed)."""
         self._pinned: dict[Node, list[SymTensor]] | None = None
         self._kept: Container[Node] | None = None
         self.live: Container[Node] | None = None
