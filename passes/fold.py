@@ -257,6 +257,16 @@ def _predicted_elements(node: Node, arrays: list[np.ndarray | None]) -> int | No
     return math.prod(a.size for a in present) if present else None
 
 
+_GRAPH, _GRAPHS = AttrType.GRAPH, AttrType.GRAPHS
+
+
+def _has_body(n: Node) -> bool:
+    for a in n.attributes.values():
+        if a.type == _GRAPH or a.type == _GRAPHS:
+            return True
+    return False
+
+
 class _Folder:
     def __init__(self, model: Model, *, fold: bool, lift: bool, max_output_bytes: int,
                  max_input_bytes: int, max_growth_bytes: int = 1024):
@@ -272,8 +282,7 @@ class _Folder:
 
     def run(self, c: Container) -> None:
         for n in c:
-            if n.attributes and any(a.type == AttrType.GRAPH or a.type == AttrType.GRAPHS
-                                    for a in n.attributes.values()):
+            if n.attributes and _has_body(n):
                 for sg in n.subgraphs():
                     self.run(sg)
                 continue
@@ -412,9 +421,9 @@ class _Folder:
         self._replace(g, node, [copy_tensor(t)])  # the attribute's record may be shared
 
     def try_fold(self, c: Container, n: Node) -> None:
-        for v in n.inputs:  # cheap rejection first: most nodes read a computed value
+        for v in n._inputs:  # cheap rejection first: most nodes read a computed value
             if v is not None and v.const is None:
-                p = v.producer()
+                p = v._producer
                 if p is None or p.op_type != "Constant":
                     return
         op = n.op_type
