@@ -53,20 +53,31 @@ def _many_ops() -> tuple[Model, list[Value]]:
         g.op.Sigmoid(x),  # not read off the graph: None
         g.initializer("w", np.zeros((2,), np.uint8)),
     ]
+    return _with_outputs(g, vals)
+
+
+def _with_outputs(g: GraphBuilder, vals: list[Value]) -> tuple[Model, list[Value]]:
     for k, v in enumerate(vals):
         g.output(g.op.Identity(v), f"y{k}")
     return g.to_model(), vals
 
 
+def _onnx_inferred(m: Model, vals: list[Value]) -> dict[str, onnx.TypeProto.Tensor]:
+    """What onnx's shape inference says of every value, with the computed values'
+    declared types dropped first (only the graph's structure may answer)."""
+    for v in vals:
+        if v.const is None:
+            v.type = None
+    inferred = onnx.shape_inference.infer_shapes(to_onnx(m), strict_mode=True)
+    return {vi.name: vi.type.tensor_type
+            for vi in [*inferred.graph.value_info, *inferred.graph.output, *inferred.graph.input]}
+
+
 def test_stated_elem_types_agree_with_onnx_shape_inference():
     m, vals = _many_ops()
-    for v in vals:
-        v.type = None if v.const is None else v.type  # only the graph's structure may answer
-    inferred = onnx.shape_inference.infer_shapes(to_onnx(m), strict_mode=True)
-    types = {vi.name: vi.type.tensor_type.elem_type for vi in
-             [*inferred.graph.value_info, *inferred.graph.output, *inferred.graph.input]}
-    for init in inferred.graph.initializer:
-        types[init.name] = init.data_type
+    types = {name: t.elem_type for name, t in _onnx_inferred(m, vals).items()}
+    for init in m.graph.initializers.values():
+        types[init.name] = init.const.dtype
     stated = {v.name: stated_elem_type(v) for v in vals}
     known = {n: t for n, t in stated.items() if t is not None}
     assert len(known) == len(vals) - 1
@@ -97,15 +108,22 @@ def test_cast_of_shape_arithmetic_goes_without_inferring_shapes(inferences):
                    g.constant(np.array([2], np.int64), "e0"))
     g.output(g.op.Cast(s, to=INT64), "n")
     g.output(g.op.Cast(s, to=INT32), "n32")
+    m = _rewritten_untyped(g, {"x": RNG.standard_normal((5, 3)).astype(np.float32)})
+    assert [n.op_type for n in m.graph].count("Cast") == 1
+    assert inferences == []
+
+
+def _rewritten_untyped(g: GraphBuilder, feeds: dict[str, np.ndarray]) -> Model:
+    """The model of ``g`` with no declared type on node outputs, after the rewrite pass
+    (its outputs checked against the model before it)."""
     m = g.to_model()
     for n in m.graph:
         for o in n.outputs:
             o.type = None
     before = to_onnx(m)
     RewritePass()(m)
-    assert [n.op_type for n in m.graph].count("Cast") == 1
-    assert inferences == []
-    assert_same_outputs(before, m, {"x": RNG.standard_normal((5, 3)).astype(np.float32)})
+    assert_same_outputs(before, m, feeds)
+    return m
 
 
 def test_a_slice_that_starts_past_zero_is_kept_without_inferring_shapes(inferences):
@@ -161,18 +179,13 @@ def _vision_chain() -> tuple[Model, list[Value]]:
     vals = [c, bn, h, r, pooled, s, g.op.Cast(s, to=INT32), g.op.Size(pooled),
             g.op.Relu(g.op.Div(pooled, g.initializer("d", np.float32(2)))),
             g.op.Reshape(pooled, g.initializer("shape", np.array([0, -1], np.int64)))]
-    for k, v in enumerate(vals):
-        g.output(g.op.Identity(v), f"y{k}")
-    return g.to_model(), vals
+    return _with_outputs(g, vals)
 
 
 def test_stated_ranks_and_shapes_agree_with_onnx_shape_inference():
     m, vals = _vision_chain()
-    for v in vals:
-        v.type = None
-    inferred = onnx.shape_inference.infer_shapes(to_onnx(m), strict_mode=True)
-    shapes = {vi.name: [d.dim_value if d.HasField("dim_value") else None for d in vi.type.tensor_type.shape.dim]
-              for vi in [*inferred.graph.value_info, *inferred.graph.output]}
+    shapes = {name: [d.dim_value if d.HasField("dim_value") else None for d in t.shape.dim]
+              for name, t in _onnx_inferred(m, vals).items()}
     ranks = [stated_rank(v) for v in vals]
     assert ranks[:-1] == [len(shapes[v.name]) for v in vals[:-1]]
     assert ranks[-1] is None  # Reshape: its rank is the target's length, not read here
@@ -203,12 +216,6 @@ def test_slice_of_a_shape_vector_is_decided_without_inferring_shapes(inferences)
         s = g.op.Cast(g.op.Shape(g.op.Relu(x)), to=INT32)
         y = g.op.Slice(s, g.initializer("s", np.array([0], np.int64)), g.initializer("e", np.array([1], np.int64)))
         g.output(g.op.Identity(y), "y")
-        m = g.to_model()
-        for n in m.graph:
-            for o in n.outputs:
-                o.type = None
-        before = to_onnx(m)
-        RewritePass()(m)
+        m = _rewritten_untyped(g, {"x": RNG.standard_normal((2, 3, 8, 8)[:rank]).astype(np.float32)})
         assert [n.op_type for n in m.graph if n.op_type != "Relu"] == kept
         assert inferences == []
-        assert_same_outputs(before, m, {"x": RNG.standard_normal((2, 3, 8, 8)[:rank]).astype(np.float32)})
