@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from onnxforge.graphbuilder.ir import Function, Graph, Node
 from onnxforge.proto_ext.errors import OnnxforgeError
 
-__all__ = ["CycleError", "in_order_throughout", "outer_producers", "topological_order"]
+__all__ = ["CycleError", "in_order", "in_order_throughout", "outer_producers", "topological_order"]
 
 
 class CycleError(OnnxforgeError, ValueError):
@@ -67,10 +67,11 @@ def _walk_in_order(g: Graph | Function, done: set[int]) -> bool:
     return True
 
 
-def _in_order(nodes: list[Node], g: Graph | Function) -> bool:
-    """Whether every node of ``nodes`` (the nodes of ``g``) comes after its producers."""
+def in_order(g: Graph | Function) -> bool:
+    """Whether every node of ``g`` comes after the producers in ``g`` of what it reads
+    and of what its bodies read (:func:`topological_order` then keeps ``g`` as it is)."""
     done: set[int] = set()
-    for n in nodes:
+    for n in g:
         for v in n._inputs:
             p = v._producer if v is not None else None
             if p is not None and p.graph is g and id(p) not in done:
@@ -86,7 +87,7 @@ def _in_order(nodes: list[Node], g: Graph | Function) -> bool:
 def topological_order(g: Graph | Function) -> list[Node]:
     """Nodes of ``g`` so that producers come first (stable for an already sorted graph)."""
     nodes = list(g)
-    if _in_order(nodes, g):  # the usual case: passes keep the order
+    if in_order(g):  # the usual case: passes keep the order
         return nodes
     position = {id(n): i for i, n in enumerate(nodes)}
     deps: dict[int, set[int]] = {}

@@ -257,16 +257,6 @@ def _predicted_elements(node: Node, arrays: list[np.ndarray | None]) -> int | No
     return math.prod(a.size for a in present) if present else None
 
 
-_GRAPH, _GRAPHS = AttrType.GRAPH, AttrType.GRAPHS
-
-
-def _has_body(n: Node) -> bool:
-    for a in n.attributes.values():
-        if a.type == _GRAPH or a.type == _GRAPHS:
-            return True
-    return False
-
-
 class _Folder:
     def __init__(self, model: Model, *, fold: bool, lift: bool, max_output_bytes: int,
                  max_input_bytes: int, max_growth_bytes: int = 1024):
@@ -282,7 +272,8 @@ class _Folder:
 
     def run(self, c: Container) -> None:
         for n in c:
-            if n.attributes and _has_body(n):
+            if n.attributes and any(a.type == AttrType.GRAPH or a.type == AttrType.GRAPHS
+                                    for a in n.attributes.values()):
                 for sg in n.subgraphs():
                     self.run(sg)
                 continue

@@ -47,11 +47,8 @@ def stated_elem_type(v: Value | None, depth: int = _MAX_DEPTH) -> int | None:
             return c.dtype
         p = v.producer()
         if p is None:
-            g = v.graph
-            if (c is None and isinstance(g, Graph) and g.parent is None and v.is_graph_input()
-                    and isinstance(v.type, TensorType)):
-                return v.type.elem_type or None  # what a run must feed
-            return None
+            t = _fed_type(v)
+            return None if t is None else t.elem_type or None
         if p.domain not in DEFAULT_DOMAINS:
             return None
         op = p.op_type
@@ -91,15 +88,24 @@ _BROADCAST = frozenset({
 })
 
 
+def _fed_type(v: Value) -> TensorType | None:
+    """The declared tensor type of a main-graph input that is no initializer: what a run
+    must feed (its dims may be symbolic)."""
+    g = v.graph
+    if (v.const is None and v.producer() is None and isinstance(g, Graph) and g.parent is None
+            and v.is_graph_input() and isinstance(v.type, TensorType)):
+        return v.type
+    return None
+
+
 def _declared_shape(v: Value) -> tuple[int, ...] | None:
+    """An initializer's dims, or a fed input's declared shape when every dim is known."""
     c = v.const
     if isinstance(c, Tensor):
         return tuple(c.dims)
-    g = v.graph
-    if (c is None and v.producer() is None and isinstance(g, Graph) and g.parent is None
-            and v.is_graph_input() and isinstance(v.type, TensorType) and v.type.shape is not None
-            and all(type(d) is int and d >= 0 for d in v.type.shape)):
-        return tuple(v.type.shape)  # what a run must feed
+    t = _fed_type(v)
+    if t is not None and t.shape is not None and all(type(d) is int and d >= 0 for d in t.shape):
+        return tuple(t.shape)
     return None
 
 
@@ -144,15 +150,12 @@ def stated_rank(v: Value | None, limit: int = 4096) -> int | None:
 
 
 def _input_rank(v: Value) -> int | None:
-    """The rank of an initializer, or of a main-graph input's declared shape."""
+    """The rank of an initializer, or of a fed input's declared shape."""
     c = v.const
     if isinstance(c, Tensor):
         return len(c.dims)
-    g = v.graph
-    if (c is None and isinstance(g, Graph) and g.parent is None and v.is_graph_input()
-            and isinstance(v.type, TensorType) and v.type.shape is not None):
-        return len(v.type.shape)  # what a run must feed (its dims may be symbolic)
-    return None
+    t = _fed_type(v)
+    return None if t is None or t.shape is None else len(t.shape)
 
 
 def stated_shape(v: Value | None, depth: int = _MAX_DEPTH) -> tuple[int, ...] | None:

@@ -29,7 +29,7 @@ import heapq
 
 from onnxforge.proto_ext.errors import OnnxforgeError
 from onnxforge.graphbuilder.ir import Function, Graph, Model, Node, Value
-from onnxforge.graphbuilder.scope_order import in_order_throughout
+from onnxforge.graphbuilder.scope_order import in_order, in_order_throughout
 from onnxforge.graphbuilder.storage import Storage
 from onnxforge.passes.invariants import containers, owner_in
 from onnxforge.passes.manager import Pass, PassResult, register_pass
@@ -70,37 +70,19 @@ def _outer_reads(node: Node) -> list[Value]:
     return out
 
 
-def _is_sorted(c: Container) -> bool:
-    """Every node reads only values defined before it (in ``c`` or outside)."""
-    seen: set[int] = set()
-    for n in c:
-        for v in n._inputs:
-            if v is not None:
-                p = v._producer
-                if p is not None and p.graph is c and id(p) not in seen:
-                    return False
-        if n.attributes and n.subgraphs():
-            for v in _outer_reads(n):
-                p = v.producer()
-                if p is not None and p.graph is c and id(p) not in seen:
-                    return False
-        seen.add(id(n))
-    return True
-
-
 def schedule(c: Container, storage: Storage) -> list[Node]:
     """The order the sort gives ``c`` (data dependencies, and every reader of a version
     before its in-place writer; stable), without reordering anything. The backend
     schedules its plans with it."""
     extra = _storage_edges(c, storage)
-    if not extra and _is_sorted(c):
+    if not extra and in_order(c):
         return list(c)
     return _order(c, extra)
 
 
 def _sort(c: Container, storage: Storage) -> bool:
     extra = _storage_edges(c, storage)
-    if not extra and _is_sorted(c):
+    if not extra and in_order(c):
         return False
     order = _order(c, extra)
     if all(a is b for a, b in zip(order, c)):

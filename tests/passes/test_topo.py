@@ -6,7 +6,8 @@ import pytest
 from onnx import TensorProto
 
 from onnxforge.graphbuilder.builder import GraphBuilder
-from onnxforge.graphbuilder.ir import READ_WRITE, Alias, Graph, Model, Node, Value
+from onnxforge.graphbuilder.ir import READ_WRITE, Alias, Attr, AttrType, Graph, Model, Node, Value
+from onnxforge.graphbuilder.scope_order import in_order_throughout, topological_order
 from onnxforge.graphbuilder.serde import to_onnx
 from onnxforge.passes import (
     CycleError,
@@ -145,25 +146,20 @@ def test_outer_values_read_by_a_branch_are_placed_before_the_branching_node():
 def _random_scoped(seed: int) -> Graph:
     """A random DAG whose If bodies (two levels deep) read values of the enclosing
     graphs, its nodes listed in a random order in each graph."""
-    from onnxforge.graphbuilder.ir import Attr, AttrType
-
     rng = np.random.default_rng(seed)
 
-    def body(name: str, outer: list[Value], depth: int) -> Graph:
-        g = Graph(name)
+    def fill(g: Graph, outer: list[Value], depth: int) -> Graph:
         made: list[Value] = []
         nodes: list[Node] = []
         for k in range(int(rng.integers(1, 5))):
             pool = outer + made
-            a = pool[int(rng.integers(len(pool)))]
+            name = f"{g.name}_{k}"
             if depth < 2 and rng.random() < 0.3:
-                then_g = body(f"{name}_t{k}", pool, depth + 1)
-                else_g = body(f"{name}_e{k}", pool, depth + 1)
-                n = Node("", "If", [outer[0]], [Value(f"{name}_{k}", T4)], name=f"{name}_{k}",
-                         attributes=[Attr("then_branch", AttrType.GRAPH, then_g),
-                                     Attr("else_branch", AttrType.GRAPH, else_g)])
+                branches = [Attr(a, AttrType.GRAPH, fill(Graph(f"{name}{a[0]}"), pool, depth + 1))
+                            for a in ("then_branch", "else_branch")]
+                n = Node("", "If", [outer[0]], [Value(name, T4)], name=name, attributes=branches)
             else:
-                n = Node("", "Neg", [a], [Value(f"{name}_{k}", T4)], name=f"{name}_{k}")
+                n = Node("", "Neg", [pool[int(rng.integers(len(pool)))]], [Value(name, T4)], name=name)
             made.append(n.outputs[0])
             nodes.append(n)
         for i in rng.permutation(len(nodes)) if rng.random() < 0.5 else range(len(nodes)):
@@ -172,19 +168,11 @@ def _random_scoped(seed: int) -> Graph:
         return g
 
     top = Graph("g")
-    x = top.add_input(Value("x", T4))
-    inner = body("b", [x], 0)
-    for n in list(inner):
-        inner.remove(n, safe=False)
-        top.append(n)
-    top.outputs.append(inner.outputs[0])
-    return top
+    return fill(top, [top.add_input(Value("x", T4))], 0)
 
 
 @pytest.mark.parametrize("seed", range(60))
 def test_one_walk_order_check_agrees_with_sorting_each_graph(seed):
-    from onnxforge.graphbuilder.scope_order import in_order_throughout, topological_order
-
     g = _random_scoped(seed)
     each = all(topological_order(c) == list(c) for c in g.all_graphs())
     assert in_order_throughout(g) == each
