@@ -326,6 +326,7 @@ class ShapesContext:
         self._ordered = self._was_ordered = False
         self._pinned: dict[Node, list[SymTensor]] | None = None
         self._kept: Container[Node] | None = None
+        self._inferred: set[Node] = set()  # the nodes :meth:`infer_for` inferred
         self.live: Container[Node] | None = None
         """Set on a speculation (a :meth:`scratch` that asks whether some types make the model
         fail): the nodes that run whenever their graph runs. An ``If`` whose condition is
@@ -705,6 +706,74 @@ class ShapesContext:
         finally:
             self._was_ordered, self._ordered = self._ordered, False
 
+    def infer_for(self, values: Iterable[Value | None]) -> ShapesContext:
+        """Infer what ``values`` depend on and nothing more: their producers and, before each,
+        the producers of its inputs and of the outer values its bodies read, in dependency
+        order; returns ``self``.
+
+        A node of an ``If`` branch is inferred on its own (a branch binds no inputs). A node
+        of any other body (a ``Loop`` or ``Scan`` body binds inputs its owner computes) is
+        inferred with its owner's whole body. Values of local function bodies stay unknown,
+        as in :meth:`infer_graph`. Each node's types are the ones a whole-graph inference
+        gives it, for a model without aliases: an alias class shares types across nodes
+        no ancestor walk follows, so a model that declares storage is inferred whole.
+        Nodes inferred once are not inferred again; a later call infers only what is new
+        (nodes a rewrite made since)."""
+        done = self._inferred
+        for v in values:
+            if v is None:
+                continue
+            p = v._producer
+            if p is None:
+                g = v.graph
+                if isinstance(g, Graph) and g.parent is not None and v in g._input_set:
+                    p = g.parent  # a body input: its owner binds it
+                else:
+                    self.type_of(v)  # a graph input or an initializer: seeded
+                    continue
+            unit = self._demand_unit(p)
+            if unit is not None and unit not in done:
+                self._infer_upward(unit)
+        return self
+
+    def _demand_unit(self, node: Node) -> Node | None:
+        """The node to infer for ``node``'s outputs: itself, or the outermost owner of a
+        body that binds inputs; None when it lies outside the context's graph (a local
+        function's body, a detached node)."""
+        unit = node
+        g = node.graph
+        while isinstance(g, Graph) and g.parent is not None:
+            owner = g.parent
+            if owner.op_type != "If" or owner.domain not in ("", "ai.onnx"):
+                unit = owner
+            g = owner.graph
+        return unit if g is self.graph else None
+
+    def _infer_upward(self, start: Node) -> None:
+        done = self._inferred
+        active: set[Node] = set()
+        stack: list[tuple[Node, bool]] = [(start, False)]
+        while stack:
+            n, ready = stack.pop()
+            if n in done:
+                continue
+            if ready:
+                active.discard(n)
+                self.infer_node(n)
+                done.add(n)
+                if n.attributes and n.subgraphs():
+                    for sg in n.subgraphs():
+                        done.update(sg.all_nodes())
+                continue
+            if n in active:
+                raise ShapeError(f"{_node_label(n)} depends on its own outputs")
+            active.add(n)
+            stack.append((n, True))
+            for dep in _demand_deps(n):
+                unit = self._demand_unit(dep)
+                if unit is not None and unit not in done:
+                    stack.append((unit, False))
+
     def _infer_graph(self, g: Graph | Function) -> ShapesContext:
         for v in g.inputs:
             self.type_of(v)
@@ -799,6 +868,7 @@ class ShapesContext:
         c.replayed = 0
         c.live, c._pinned, c._kept = self.live, self._pinned, self._kept
         c._ordered = c._was_ordered = False
+        c._inferred = set(self._inferred)
         return c
 
     def speculation(self, live: Container[Node], pinned: dict[Node, list[SymTensor]] | None = None,
@@ -848,3 +918,26 @@ def _scope_values(g: Graph | Function) -> Iterable[Value]:
         yield from g.all_initializers()
     for n in g:
         yield from n.outputs
+
+
+def _demand_deps(node: Node) -> Iterator[Node]:
+    """The producers of ``node``'s inputs and of the values its bodies read from outside them."""
+    for v in node._inputs:
+        if v is not None and v._producer is not None:
+            yield v._producer
+    if not (node.attributes and node.subgraphs()):
+        return
+    bodies: set[int] = set()
+    for sg in node.subgraphs():
+        bodies.update(id(g) for g in sg.all_graphs())
+    for sg in node.subgraphs():
+        for g in sg.all_graphs():
+            for inner in g:
+                for v in inner._inputs:
+                    p = v._producer if v is not None else None
+                    if p is not None and id(p.graph) not in bodies:
+                        yield p
+            for v in g.outputs:
+                p = v._producer
+                if p is not None and id(p.graph) not in bodies:
+                    yield p

@@ -29,7 +29,7 @@ Before / after::
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from functools import cache, partial
 
 import numpy as np
@@ -52,7 +52,7 @@ from onnxforge.passes.invariants import containers
 from onnxforge.passes.manager import Pass, PassResult, register_pass
 from onnxforge.passes.rename import NameScope, can_replace, replace_value
 from onnxforge.passes.rewrite import Const, Match, Pattern, Rule, RuleTable, apply_rules
-from onnxforge.passes.shape_fold import LazyShapes, shapes_for_rewrite
+from onnxforge.passes.shape_fold import LazyShapes
 from onnxforge.proto_ext.types import TensorType
 
 __all__ = ["FUSION_RULES", "FusionPass", "SliceSplitPass", "fuse", "merge_complementary_slices"]
@@ -253,8 +253,8 @@ class FusionPass(Pass):
     def call(self, model: Model) -> PassResult:
         shapes = LazyShapes(self.analyses, model)
         if _gemm_candidate(model):
-            # MatMul + Add -> Gemm asks for a rank: asked after Conv fusions rebuilt their
-            # nodes, the inference could replay none of them
+            # MatMul + Add -> Gemm asks for a rank: a model inferred whole is inferred before
+            # Conv fusions rebuild their nodes, so that the inference replays them
             shapes.prefetch()
         return PassResult(model, fuse(model, shapes) > 0)
 
@@ -337,27 +337,17 @@ def _full_range(params: tuple[np.ndarray, ...], dims: tuple[object, ...] | None)
     return True
 
 
-class _NoShapes(Exception):
-    """The model's shapes cannot be inferred: nothing is merged."""
-
-
 class _SliceMerger:
-    def __init__(self, model: Model, shapes: Callable[[], ShapesContext | None], effects: Effects):
+    def __init__(self, model: Model, shapes: ShapesContext | LazyShapes, effects: Effects):
         self.model = model
-        self._shapes = shapes
-        self._ctx: ShapesContext | None = None
+        self.shapes = shapes
         self.effects = effects
         self.names = cache(partial(NameScope.from_model, model))  # built when first needed
         self.merged = 0
 
     def shape_of(self, v: Value) -> tuple[object, ...] | None:
-        """The shape of ``v``; the analysis runs on the first question, which comes before
-        the first rewrite (most models have no candidate, and never ask)."""
-        if self._ctx is None:
-            self._ctx = self._shapes()
-            if self._ctx is None:
-                raise _NoShapes
-        return self._ctx.shape_of(v)
+        """The shape of ``v`` (asked only of candidates: most models never ask)."""
+        return self.shapes.shape_of(v)
 
     def run(self, c: Graph | Function) -> None:
         opset = imported_version(opsets_in_scope(self.model, c), "") or 1
@@ -476,16 +466,13 @@ class _SliceMerger:
 def merge_complementary_slices(model: Model, ctx: ShapesContext | None = None) -> int:
     """Replace unit-step Slices of one value along one static axis that cover it exactly,
     in pieces, by one ``Split``; returns how many Splits were made."""
-    return _merge_slices(model, (lambda: shapes_for_rewrite(None, model)) if ctx is None else (lambda: ctx))
+    return _merge_slices(model, LazyShapes(None, model) if ctx is None else ctx)
 
 
-def _merge_slices(model: Model, shapes: Callable[[], ShapesContext | None]) -> int:
+def _merge_slices(model: Model, shapes: ShapesContext | LazyShapes) -> int:
     merger = _SliceMerger(model, shapes, effect_analysis(model))
-    try:
-        for c in list(containers(model)):
-            merger.run(c)
-    except _NoShapes:  # asked before the first rewrite: nothing was merged
-        return 0
+    for c in list(containers(model)):
+        merger.run(c)
     return merger.merged
 
 
@@ -508,4 +495,4 @@ class SliceSplitPass(Pass):
     runs_after = ("inline",)
 
     def call(self, model: Model) -> PassResult:
-        return PassResult(model, _merge_slices(model, lambda: shapes_for_rewrite(self.analyses, model)) > 0)
+        return PassResult(model, _merge_slices(model, LazyShapes(self.analyses, model)) > 0)

@@ -69,7 +69,7 @@ from onnxforge.passes.fold import constant_value
 from onnxforge.passes.invariants import containers, is_nondeterministic
 from onnxforge.passes.manager import Pass, PassResult, check_int_option, register_pass
 from onnxforge.passes.rename import NameScope, can_replace, erase_node, replace_value
-from onnxforge.proto_ext.types import TensorType
+from onnxforge.proto_ext.types import SparseTensorType, TensorType
 
 __all__ = ["LazyShapes", "ShapeFoldPass", "fold_shapes", "shapes_for_rewrite"]
 
@@ -336,25 +336,61 @@ def shapes_for_rewrite(analyses: AnalysisManager | None, model: Model) -> Shapes
 
 
 class LazyShapes:
-    """The ``shapes`` answers a rewrite asks for, inferred on the first question: most
-    rewrites never ask, and inference costs a walk of the whole model. Inferred on a
-    partly rewritten model, the types still hold (rewrites keep every value's meaning)."""
+    """The ``shapes`` answers a rewrite asks for, inferred when asked: most rewrites never
+    ask, and inferring the whole model costs a walk of every node.
+
+    A model that declares no storage (no aliases, bindings or READ_WRITE inputs) infers,
+    for each question, only what the value depends on
+    (:meth:`~onnxforge.graphbuilder.shapes.ShapesContext.infer_for`), unless a whole
+    inference of the model as it is now is still cached. A model with storage is
+    inferred whole on the first question (alias classes share types beyond a value's
+    ancestors). Inferred on a partly rewritten model, the types still hold (rewrites keep
+    every value's meaning)."""
 
     def __init__(self, analyses: AnalysisManager | None, model: Model):
         self._analyses, self._model = analyses, model
         self._ctx: ShapesContext | None = None
         self._asked = False
+        self._on_demand = False
 
     def prefetch(self) -> None:
-        """Infer now, before any rewrite: on the model as the pass found it, the nodes the
-        last inference saw replay its results (:mod:`~onnxforge.graphbuilder.shapes_memo`)."""
-        if not self._asked:
-            self._asked = True
-            self._ctx = shapes_for_rewrite(self._analyses, self._model)
+        """Be ready before any rewrite: a model inferred whole is inferred now, on the model
+        as the pass found it (the nodes the last inference saw replay its results,
+        :mod:`~onnxforge.graphbuilder.shapes_memo`); one inferred on demand needs nothing."""
+        if self._asked:
+            return
+        self._asked = True
+        am = self._analyses
+        cached = am.cached("shapes", self._model) if am is not None else None
+        if isinstance(cached, ShapesContext):
+            self._ctx = cached.scratch()
+            return
+        effects = am.get("effects", self._model) if am is not None else effect_analysis(self._model)
+        if effects.stateless:
+            self._ctx = ShapesContext(self._model, write_back=False, strict=False)
+            self._on_demand = True
+        else:
+            self._ctx = shapes_for_rewrite(am, self._model)
 
     def type_of(self, v: Value) -> Any:
         self.prefetch()
-        return None if self._ctx is None else self._ctx.type_of(v)
+        ctx = self._ctx
+        if ctx is None:
+            return None
+        if self._on_demand:
+            try:
+                ctx.infer_for((v,))
+            except ShapeError:
+                # the model's types contradict each other somewhere v depends on: no more
+                # answers (what was inferred before the error may be incomplete)
+                self._ctx = None
+                return None
+        return ctx.type_of(v)
+
+    def shape_of(self, v: Value) -> tuple[Any, ...] | None:
+        """The (possibly symbolic) shape of tensor ``v``; None for an unknown rank."""
+        t = self.type_of(v)
+        return t.shape if isinstance(t, (TensorType, SparseTensorType)) else None
 
 
 def fold_shapes(model: Model, ctx: ShapesContext | None = None, *, max_elements: int = 128) -> int:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from onnxforge.graphbuilder.builder import GraphBuilder
+from onnxforge.graphbuilder.builder import READ_WRITE, GraphBuilder
 from onnxforge.graphbuilder.ir import Model
 from onnxforge.graphbuilder.serde import load, to_onnx
 from onnxforge.passes import FusionPass, optimize
@@ -118,16 +118,9 @@ def test_matmul_add_becomes_gemm(cshape):
     _close(before, m, {"a": _f32(3, 4)})
 
 
-def test_gemm_fusion_infers_shapes_before_the_conv_fusions_rewrite(monkeypatch):
-    """The Gemm rule asks for a rank. The pass infers before any rewrite, so every node of
-    the last inference replays it; asked after the Conv + BatchNormalization fusions
-    rebuilt their nodes, the inference would replay none of those."""
-    import onnxforge.passes.analyses as analyses
-
-    contexts = []
-    compute = analyses.ShapesAnalysis.compute
-    monkeypatch.setattr(analyses.ShapesAnalysis, "compute",
-                        lambda self, model, am: contexts.append(compute(self, model, am)) or contexts[-1])
+def _conv_bn_gemm_model(stateful: bool):
+    """Three Conv + BatchNormalization + Relu, then MatMul + Add; ``stateful`` adds a
+    READ_WRITE input that one node updates in place."""
     g = GraphBuilder(opset=21)
     x = g.input("x", FLOAT, [1, 4, 5, 5])
     y = x
@@ -137,14 +130,57 @@ def test_gemm_fusion_infers_shapes_before_the_conv_fusions_rewrite(monkeypatch):
         y = g.op.Relu(g.op.BatchNormalization(conv, *bn))
     flat = g.op.Identity(g.op.Flatten(g.op.GlobalAveragePool(y)))  # for identity_elimination
     g.output(g.op.Add(g.op.MatMul(flat, g.initializer("B", _f32(4, 8))), g.initializer("C", _f32(8))), "z")
-    m = g.to_model()
+    if stateful:
+        cache = g.input("cache", FLOAT, [1, 8], access=READ_WRITE)
+        g.output(g.op.Identity(cache), "seen")
+    return g.to_model()
+
+
+def _shape_contexts(monkeypatch) -> tuple[list, list]:
+    """Record every whole-model ``shapes`` analysis and every node an inference reads."""
+    import onnxforge.passes.analyses as analyses
+    from onnxforge.graphbuilder.shapes import ShapesContext
+
+    contexts, inferred = [], []
+    compute = analyses.ShapesAnalysis.compute
+    monkeypatch.setattr(analyses.ShapesAnalysis, "compute",
+                        lambda self, model, am: contexts.append(compute(self, model, am)) or contexts[-1])
+    infer_node = ShapesContext.infer_node
+    monkeypatch.setattr(ShapesContext, "infer_node",
+                        lambda self, node: inferred.append(node.op_type) or infer_node(self, node))
+    return contexts, inferred
+
+
+def test_gemm_fusion_infers_only_what_the_matmul_input_depends_on(monkeypatch):
+    """The Gemm rule asks for a rank. In a model without storage, the question infers the
+    nodes the MatMul's input depends on, as the Conv fusions left them, and nothing else."""
+    m = _conv_bn_gemm_model(stateful=False)
+    before = to_onnx(m)
+    optimize(m, passes=["shape_folding", "identity_elimination"])
+    contexts, inferred = _shape_contexts(monkeypatch)
+    optimize(m, passes=["fusion"])
+    assert _ops(m) == ["Conv", "Relu"] * 3 + ["GlobalAveragePool", "Flatten", "Gemm"]
+    assert contexts == []  # no whole-model inference
+    # the fused weights are Constant nodes until the pass ends (then initializers)
+    want = ["Conv", "Relu"] * 3 + ["GlobalAveragePool", "Flatten"]
+    assert sorted(op for op in inferred if op != "Constant") == sorted(want)
+    _close(before, m, {"x": _f32(1, 4, 5, 5)})
+
+
+def test_gemm_fusion_infers_a_stateful_model_before_the_conv_fusions_rewrite(monkeypatch):
+    """A model with storage is inferred whole. The pass infers before any rewrite, so every
+    node of the last inference replays it; asked after the Conv + BatchNormalization
+    fusions rebuilt their nodes, the inference would replay none of those."""
+    contexts, _ = _shape_contexts(monkeypatch)
+    m = _conv_bn_gemm_model(stateful=True)
     before = to_onnx(m)
     optimize(m, passes=["shape_folding", "identity_elimination", "fusion"])
-    assert _ops(m) == ["Conv", "Relu"] * 3 + ["GlobalAveragePool", "Flatten", "Gemm"]
+    assert _ops(m) == ["Conv", "Relu"] * 3 + ["GlobalAveragePool", "Flatten", "Gemm", "Identity"]
     assert len(contexts) == 2  # shape_folding's, then fusion's (identity_elimination dropped it)
     nodes = len(before.graph.node) - 1  # the Identity went
     assert contexts[0].replayed == 0 and contexts[1].replayed == nodes
-    _close(before, m, {"x": _f32(1, 4, 5, 5)})
+    feeds = {"x": _f32(1, 4, 5, 5), "cache": _f32(1, 8)}
+    _close(before, m, feeds)
 
 
 def test_matmul_add_kept_for_3d_input_or_unknown_rank_or_row_bias_on_symbolic_rows():
