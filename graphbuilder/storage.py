@@ -33,7 +33,7 @@ from onnxforge.graphbuilder.view import model_view, node_view
 from onnxforge.proto_ext.aliasing import ModelAliases, Root, Scope, lookup
 from onnxforge.proto_ext.view import GraphView, ModelView, NodeView
 
-__all__ = ["Storage", "container_of"]
+__all__ = ["Storage", "container_of", "declares_state"]
 
 Container = Graph | Function
 
@@ -51,7 +51,7 @@ def _bodies(model: Model) -> Iterator[Container]:
         yield from f.all_graphs()
 
 
-def _declares_state(model: Model) -> bool:
+def declares_state(model: Model) -> bool:
     """Whether anything in ``model`` can alias or write storage: a port alias, an
     ``alias_of``, a READ_WRITE input or a persistent binding (one walk, no allocation
     per node). Without any, every value owns its storage and no node has effects."""
@@ -85,7 +85,7 @@ class Storage:
         self._build()
 
     def _build(self) -> None:
-        self.stateless = not _declares_state(self.model)
+        self.stateless = not declares_state(self.model)
         self.aliases = ModelAliases(_EMPTY_VIEW if self.stateless else model_view(self.model))
         self._scopes: dict[int, Scope] = {}
         self._nodes: dict[Node, tuple[Scope, NodeView]] = {}

@@ -34,6 +34,7 @@ from types import MappingProxyType
 
 from onnxforge.graphbuilder.ir import Model, Value
 from onnxforge.graphbuilder.shapes import ShapeError, ShapesContext
+from onnxforge.graphbuilder.storage import declares_state
 from onnxforge.passes.analysis import Analysis, AnalysisManager, register_analysis
 from onnxforge.passes.effects import Effects, effect_analysis
 from onnxforge.passes.invariants import containers
@@ -64,7 +65,13 @@ class ShapesAnalysis(Analysis[ShapesContext]):
         # are not inferred again (a result kept in debug mode is checked against a fresh
         # one, so the manager of a debug run keeps nothing dropped)
         prior = analyses.dropped(self, model)
-        return ShapesContext(model, write_back=False, strict=False, memo=True,
+        # Recording what each node read costs about a third of an inference. It pays when a
+        # later whole inference replays it: in a model with storage (its passes infer it
+        # whole) or when this manager infers the model again. The passes of a model without
+        # storage ask on demand (``ShapesContext.infer_for``), so its first inference records
+        # nothing.
+        memo = analyses.times_computed(self, model) > 0 or declares_state(model)
+        return ShapesContext(model, write_back=False, strict=False, memo=memo,
                              prior=prior if isinstance(prior, ShapesContext) else None).infer_graph()
 
     def fingerprint(self, result: ShapesContext) -> Hashable:

@@ -53,6 +53,7 @@ from onnxforge.passes.manager import Pass, PassResult, register_pass
 from onnxforge.passes.rename import NameScope, can_replace, replace_value
 from onnxforge.passes.rewrite import Const, Match, Pattern, Rule, RuleTable, apply_rules
 from onnxforge.passes.shape_fold import LazyShapes
+from onnxforge.passes.stated import stated_rank
 from onnxforge.proto_ext.types import TensorType
 
 __all__ = ["FUSION_RULES", "FusionPass", "SliceSplitPass", "fuse", "merge_complementary_slices"]
@@ -175,23 +176,28 @@ def _matmul_add_to_gemm(m: Match) -> Value | None:
     mm = m.node("mm")
     if not _single_use(mm.outputs[0]):
         return None
-    a_shape = m.shape_of(m["a"])
     bmat, c = m.const("b"), m.const("c")
-    if a_shape is None or len(a_shape) != 2 or bmat.ndim != 2 or not _float(bmat):
-        return None
-    if c.dtype != bmat.dtype or c.ndim > 2:
-        return None
-    k = a_shape[1]
-    if type(k) is int and k != bmat.shape[0]:
+    if bmat.ndim != 2 or not _float(bmat) or c.dtype != bmat.dtype or c.ndim > 2:
         return None
     n = bmat.shape[1]
     full: np.ndarray = c.reshape((1,) * (2 - c.ndim) + c.shape)
-    rows = a_shape[0]
-    if full.shape[1] not in (1, n) or (full.shape[0] != 1 and not (type(rows) is int and rows == full.shape[0])):
+    if full.shape[1] not in (1, n):
         return None
-    t = m.type_of(m["a"])
-    if t is None or getattr(t, "elem_type", None) is None:
+    # the rank is read off the graph first (Flatten, a Reshape to a constant target...);
+    # the shape is asked when it is not, or when C's rows must match A's
+    rank = stated_rank(m["a"])
+    if rank is not None and rank != 2:
         return None
+    if rank is None or full.shape[0] != 1:
+        a_shape = m.shape_of(m["a"])
+        if a_shape is None or len(a_shape) != 2:
+            return None
+        k, rows = a_shape[1], a_shape[0]
+        if type(k) is int and k != bmat.shape[0]:
+            return None
+        if full.shape[0] != 1 and not (type(rows) is int and rows == full.shape[0]):
+            return None
+    # MatMul ties A's element type to B's, a float constant: Gemm takes that type
     return m.op.Gemm(m["a"], m["b"], m["c"])
 
 

@@ -111,7 +111,8 @@ def _declared_shape(v: Value) -> tuple[int, ...] | None:
 
 def stated_rank(v: Value | None, limit: int = 4096) -> int | None:
     """The rank of ``v`` that its producers fix, back to initializers, main-graph inputs
-    of declared rank, ``Shape`` and ``Size`` outputs, else None. Through operators that
+    of declared rank, ``Shape``, ``Size`` and ``Flatten`` outputs and ``Reshape`` outputs
+    of a target whose length is stated, else None. Through operators that
     keep their input's rank and broadcasting ones, the rank is the largest rank met at
     those ends; ``limit`` bounds the values walked."""
     if v is None:
@@ -138,6 +139,13 @@ def stated_rank(v: Value | None, limit: int = 4096) -> int | None:
         op = p.op_type
         if op == "Shape" or op == "Size":
             best = max(best, 1 if op == "Shape" else 0)
+        elif op == "Flatten":
+            best = max(best, 2)
+        elif op == "Reshape":  # the target's length, whatever its entries (-1, 0)
+            target = stated_shape(p.inputs[1]) if len(p.inputs) > 1 else None
+            if target is None or len(target) != 1:
+                return None
+            best = max(best, target[0])
         elif op in _BROADCAST:
             if any(w is None for w in p.inputs):
                 return None

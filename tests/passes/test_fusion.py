@@ -118,9 +118,9 @@ def test_matmul_add_becomes_gemm(cshape):
     _close(before, m, {"a": _f32(3, 4)})
 
 
-def _conv_bn_gemm_model(stateful: bool):
-    """Three Conv + BatchNormalization + Relu, then MatMul + Add; ``stateful`` adds a
-    READ_WRITE input that one node updates in place."""
+def _conv_bn_gemm_model(stateful: bool, flatten: bool = True):
+    """Three Conv + BatchNormalization + Relu, pooled, then MatMul + Add; the pooled
+    value is flattened (``flatten``) or squeezed; ``stateful`` adds a READ_WRITE input."""
     g = GraphBuilder(opset=21)
     x = g.input("x", FLOAT, [1, 4, 5, 5])
     y = x
@@ -128,7 +128,9 @@ def _conv_bn_gemm_model(stateful: bool):
         bn = [g.initializer(f"{p}{k}", (np.abs(_f32(4)) + 0.5) if p == "v" else _f32(4)) for p in "sbmv"]
         conv = g.op.Conv(y, g.initializer(f"W{k}", _f32(4, 4, 3, 3)), pads=[1, 1, 1, 1])
         y = g.op.Relu(g.op.BatchNormalization(conv, *bn))
-    flat = g.op.Identity(g.op.Flatten(g.op.GlobalAveragePool(y)))  # for identity_elimination
+    pooled = g.op.GlobalAveragePool(y)
+    flat = g.op.Flatten(pooled) if flatten else g.op.Squeeze(pooled, g.initializer("axes", np.array([2, 3])))
+    flat = g.op.Identity(flat)  # for identity_elimination
     g.output(g.op.Add(g.op.MatMul(flat, g.initializer("B", _f32(4, 8))), g.initializer("C", _f32(8))), "z")
     if stateful:
         cache = g.input("cache", FLOAT, [1, 8], access=READ_WRITE)
@@ -151,18 +153,20 @@ def _shape_contexts(monkeypatch) -> tuple[list, list]:
     return contexts, inferred
 
 
-def test_gemm_fusion_infers_only_what_the_matmul_input_depends_on(monkeypatch):
-    """The Gemm rule asks for a rank. In a model without storage, the question infers the
-    nodes the MatMul's input depends on, as the Conv fusions left them, and nothing else."""
-    m = _conv_bn_gemm_model(stateful=False)
+@pytest.mark.parametrize("flatten", [True, False])
+def test_gemm_fusion_infers_only_what_the_matmul_input_depends_on(monkeypatch, flatten):
+    """The Gemm rule needs A's rank: a Flatten states it, with no inference. A Squeeze does
+    not: in a model without storage the question infers the nodes the MatMul's input
+    depends on, as the Conv fusions left them, and nothing else."""
+    m = _conv_bn_gemm_model(stateful=False, flatten=flatten)
     before = to_onnx(m)
     optimize(m, passes=["shape_folding", "identity_elimination"])
     contexts, inferred = _shape_contexts(monkeypatch)
     optimize(m, passes=["fusion"])
-    assert _ops(m) == ["Conv", "Relu"] * 3 + ["GlobalAveragePool", "Flatten", "Gemm"]
+    assert _ops(m) == ["Conv", "Relu"] * 3 + ["GlobalAveragePool", "Flatten" if flatten else "Squeeze", "Gemm"]
     assert contexts == []  # no whole-model inference
     # the fused weights are Constant nodes until the pass ends (then initializers)
-    want = ["Conv", "Relu"] * 3 + ["GlobalAveragePool", "Flatten"]
+    want = [] if flatten else ["Conv", "Relu"] * 3 + ["GlobalAveragePool", "Squeeze"]
     assert sorted(op for op in inferred if op != "Constant") == sorted(want)
     _close(before, m, {"x": _f32(1, 4, 5, 5)})
 

@@ -6,7 +6,7 @@ import numpy as np
 from onnx import TensorProto
 
 import onnxforge as of
-from onnxforge.graphbuilder.ir import Attr, AttrType, Model, Node, Value
+from onnxforge.graphbuilder.ir import READ_WRITE, Attr, AttrType, Model, Node, Value
 from onnxforge.graphbuilder.tensors import Tensor
 from onnxforge.graphbuilder.shapes import ShapesContext
 from onnxforge.passes import AnalysisManager, PassManager
@@ -27,6 +27,29 @@ def _chain() -> Model:
     return g.to_model()
 
 
+def _manager(m: Model) -> AnalysisManager:
+    """A manager that has inferred ``m`` once: the first inference of a model without
+    storage records nothing to replay (its passes ask shapes on demand), the later ones do."""
+    am = AnalysisManager(m)
+    am.get("shapes")
+    am.invalidate()
+    return am
+
+
+def test_the_first_inference_records_for_replay_only_in_a_model_with_storage():
+    for stateful in (False, True):
+        g = of.GraphBuilder(opset=18, infer_shapes=False)
+        x = g.input("x", FLOAT, ["n", 8], access=READ_WRITE if stateful else 0)
+        g.output(g.op.Relu(g.op.Neg(x)), "y")
+        m = g.to_model()
+        am = AnalysisManager(m)
+        am.get("shapes")
+        am.invalidate()
+        assert am.get("shapes").replayed == (2 if stateful else 0), stateful
+        am.invalidate()
+        assert am.get("shapes").replayed == 2  # the second inference recorded
+
+
 def _types(ctx: ShapesContext, m: Model) -> dict[str, str]:
     return {v.name: str(ctx.type_of(v)) for g in m.all_graphs() for v in g.values()}
 
@@ -41,7 +64,7 @@ def _node(m: Model, op: str):
 
 def test_unchanged_model_replays_every_node_and_gives_the_fresh_types():
     m = _chain()
-    am = AnalysisManager(m)
+    am = _manager(m)
     first = am.get("shapes")
     am.invalidate()
     second = am.get("shapes")
@@ -52,7 +75,7 @@ def test_unchanged_model_replays_every_node_and_gives_the_fresh_types():
 
 def test_a_changed_attribute_is_inferred_again():
     m = _chain()
-    am = AnalysisManager(m)
+    am = _manager(m)
     am.get("shapes")
     am.invalidate()
     _node(m, "Transpose").attributes["perm"].value = [1, 0, 2]  # edited in place
@@ -64,7 +87,7 @@ def test_a_changed_attribute_is_inferred_again():
 
 def test_a_list_attribute_changed_in_place_is_inferred_again():
     m = _chain()
-    am = AnalysisManager(m)
+    am = _manager(m)
     am.get("shapes")
     am.invalidate()
     perm = _node(m, "Transpose").attributes["perm"].value
@@ -81,7 +104,7 @@ def test_a_replay_of_the_same_objects_builds_no_key(monkeypatch):
     import onnxforge.graphbuilder.shapes as shapes
 
     m = _chain()
-    am = AnalysisManager(m)
+    am = _manager(m)
     am.get("shapes")
     am.invalidate()
     keyed = []
@@ -104,7 +127,7 @@ def test_a_replay_of_the_same_objects_builds_no_key(monkeypatch):
 
 def test_a_new_input_value_is_inferred_again_and_so_is_what_reads_it():
     m = _chain()
-    am = AnalysisManager(m)
+    am = _manager(m)
     am.get("shapes")
     am.invalidate()
     # the Reshape target becomes the constant [-1, 4, 2]
@@ -122,7 +145,7 @@ def test_a_changed_declared_output_type_is_read_again():
     x = g.input("x", FLOAT, [None, 8])
     y = g.output(g.op.Relu(x), "y")
     m = g.to_model()
-    am = AnalysisManager(m)
+    am = _manager(m)
     assert str(am.get("shapes").type_of(y)) == "FLOAT[?, 8]"
     am.invalidate()
     y.type = TensorType(FLOAT, (3, 8))  # a declared (value_info) type learned meanwhile
@@ -141,7 +164,7 @@ def test_control_flow_runs_again_but_its_bodies_replay():
     out = g.op.If(c, then_branch=then_b.graph, else_branch=else_b.graph)
     g.output(out, "y")
     m = g.to_model()
-    am = AnalysisManager(m)
+    am = _manager(m)
     am.get("shapes")
     am.invalidate()
     ctx = am.get("shapes")
@@ -158,7 +181,7 @@ def test_fresh_symbols_after_a_replay_are_new():
     y = g.output(g.op.Expand(x, s), "y")
     z = g.output(g.op.Expand(x, s), "z")
     m = g.to_model()
-    am = AnalysisManager(m)
+    am = _manager(m)
     first = am.get("shapes")
     am.invalidate()
     second = am.get("shapes")
@@ -189,7 +212,7 @@ def _rebuild(m: Model, op: str) -> None:
 
 def test_a_rebuilt_node_that_reads_the_same_replays_the_record_of_the_old_one():
     m = _chain()
-    am = AnalysisManager(m)
+    am = _manager(m)
     am.get("shapes")
     am.invalidate()
     _rebuild(m, "Transpose")
@@ -203,7 +226,7 @@ def test_a_record_that_made_fresh_symbols_serves_only_its_own_node():
     x = g.input("x", FLOAT, [6])
     y = g.output(g.op.NonZero(x, _name="nz"), "y")  # [1, _nz0]: a count known at run time only
     m = g.to_model()
-    am = AnalysisManager(m)
+    am = _manager(m)
     before = str(am.get("shapes").type_of(y))
     am.invalidate()
     assert am.get("shapes").replayed == 1  # the same node: its dimension stays its own
@@ -222,7 +245,7 @@ def test_a_constant_whose_float_value_changes_sign_is_inferred_again():
     m = g.to_model()
     node.attributes.clear()
     node.attributes["value_float"] = Attr("value_float", AttrType.FLOAT, 0.0)
-    am = AnalysisManager(m)
+    am = _manager(m)
     assert am.get("shapes").value_of(c).flat() == [0.0]
     am.invalidate()
     node.attributes["value_float"].value = -0.0  # equal to 0.0, but another constant

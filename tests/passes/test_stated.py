@@ -193,7 +193,7 @@ def test_stated_ranks_and_shapes_agree_with_onnx_shape_inference():
               for name, t in _onnx_inferred(m, vals).items()}
     ranks = [stated_rank(v) for v in vals]
     assert ranks[:-1] == [len(shapes[v.name]) for v in vals[:-1]]
-    assert ranks[-1] is None  # Reshape: its rank is the target's length, not read here
+    assert ranks[-1] == 2 == len(shapes[vals[-1].name])  # Reshape: the target's length
     assert stated_shape(vals[5]) == (4,) == tuple(shapes[vals[5].name])
     assert stated_shape(vals[6]) == (4,)  # through the Cast
     assert stated_shape(vals[7]) == () and shapes[vals[7].name] == []
@@ -204,12 +204,27 @@ def test_stated_ranks_and_shapes_agree_with_onnx_shape_inference():
 def test_no_rank_through_an_operator_that_is_not_read():
     g = GraphBuilder(opset=21)
     x = g.input("x", FLOAT, [2, 3])
-    y = g.op.Flatten(g.op.Relu(x))  # Flatten's rank is 2 whatever x's: not among those read
+    y = g.op.Squeeze(g.op.Relu(x))  # Squeeze is not among those read
+    t = g.input("t", INT64, [None])  # a target of unknown length
     g.output(g.op.Identity(g.op.Add(y, x)), "z")
+    g.output(g.op.Reshape(x, t), "r")
     m = g.to_model()
     assert stated_rank(y) is None
     assert stated_rank(m.graph.outputs[0].producer().inputs[0]) is None
+    assert stated_rank(m.graph.outputs[1]) is None
     assert stated_rank(x) == 2
+
+
+def test_flatten_and_reshape_ranks_agree_with_onnx_shape_inference():
+    g = GraphBuilder(opset=21)
+    x = g.input("x", FLOAT, ["n", 3, 4, 5])
+    vals = [g.op.Flatten(x, axis=0), g.op.Flatten(x, axis=3), g.op.Flatten(g.op.Relu(x)),
+            g.op.Reshape(x, g.initializer("t3", np.array([0, -1, 5], np.int64))),
+            g.op.Reshape(x, g.op.Shape(x)),  # the target is [rank(x)] long
+            g.op.Add(g.op.Flatten(x), g.initializer("b", np.ones((1, 1, 60), np.float32)))]
+    m, vals = _with_outputs(g, vals)
+    shapes = _onnx_inferred(m, vals)
+    assert [stated_rank(v) for v in vals] == [len(shapes[v.name].shape.dim) for v in vals] == [2, 2, 2, 3, 4, 3]
 
 
 def test_slice_of_a_shape_vector_is_decided_without_inferring_shapes(inferences):
