@@ -18,7 +18,7 @@ Before / after::
 
 Payloads are read only for candidates: initializers are first grouped by
 (type, dims, byte length) without reading bytes, then by the first and last 32
-bytes of their payloads; within a group of three or more left each payload is
+bytes of their payloads (a serialized payload is parsed for them, once); within a group of three or more left each payload is
 hashed once with blake2b and, on a hash hit, compared byte for byte (two are
 compared directly). Graph
 inputs with a default (initializers that are also inputs) and initializers
@@ -99,15 +99,16 @@ _PROBE_DTYPES = frozenset({
 
 def _probe(v: Value) -> bytes | None:
     """The first and last :data:`_PROBE` bytes of ``v``'s payload (equal payloads have equal
-    probes), read without copying the payload; None when it cannot be read so."""
+    probes), read without copying the payload (a serialized one, such as Paddle's
+    ``float_data``, is parsed: once, the tensor keeps the array); None when it cannot be
+    read so."""
     t = v.const
     if isinstance(t, EncodedTensor):
         data = t.payload
     elif isinstance(t, Tensor) and t.raw is not None and t.dtype != TensorProto.STRING:
         data = t.raw
-    elif isinstance(t, Tensor) and t.array is not None and t.dtype in _PROBE_DTYPES \
-            and t.array.dtype.isnative:
-        a = t.array
+    elif isinstance(t, Tensor) and (t.array is not None or t.proto is not None) and t.dtype in _PROBE_DTYPES \
+            and (a := t.numpy()).dtype.isnative:
         n = a.size
         k = -(-_PROBE // max(1, a.itemsize))
         if n <= 2 * k:

@@ -406,10 +406,24 @@ class _Folder:
         self.changed += 1
 
     def lift_constant(self, g: Graph, node: Node) -> None:
+        """:meth:`_replace` of a ``Constant`` node by an initializer of ``g``, its own home
+        (it reads nothing and owns no body)."""
         t = _constant_attr_tensor(node)
-        if t is None or len(node.outputs) != 1 or self.effects.has_side_effects(node):
+        if t is None or len(node._outputs) != 1 or self.effects.has_side_effects(node):
             return
-        self._replace(g, node, [copy_tensor(t)])  # the attribute's record may be shared
+        old = node._outputs[0]
+        if old.name or old._uses:
+            new = Value(old.name, TensorType(t.dtype, t.dims), doc_string=old.doc_string)
+            if old.metadata:
+                new.metadata.update(old.metadata)
+            new.has_value_info = old.has_value_info
+            if old.type is not None and g.is_output(old):
+                new.type = old.type
+            old.name = ""
+            old.replace_all_uses_with(new, outputs=True)
+            g.add_initializer(new, copy_tensor(t))  # the attribute's record may be shared
+        g.remove(node, safe=False)
+        self.changed += 1
 
     def try_fold(self, c: Container, n: Node) -> None:
         for v in n._inputs:  # cheap rejection first: most nodes read a computed value

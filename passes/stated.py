@@ -29,7 +29,12 @@ _MAX_DEPTH = 16
 _SAME_AS_INPUT0 = frozenset({
     "Identity", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Transpose", "Slice",
     "Gather", "GatherElements", "GatherND", "Concat", "Expand", "Tile", "Neg", "Abs",
-    "Relu", "Add", "Sub", "Mul", "Div", "Max", "Min", "Split",
+    "Relu", "Add", "Sub", "Mul", "Div", "Max", "Min", "Split", "Pad", "Clip",
+    # the float operators of vision and audio models (their data and output share ``T``)
+    "Conv", "ConvTranspose", "MaxPool", "AveragePool", "GlobalAveragePool",
+    "GlobalMaxPool", "BatchNormalization", "InstanceNormalization", "LayerNormalization",
+    "MatMul", "Gemm", "Sigmoid", "Tanh", "Exp", "Log", "Sqrt", "Softmax", "LogSoftmax",
+    "Pow", "LSTM", "GRU", "RNN",
 })
 # Output 0 is always INT64.
 _INT64_OUT = frozenset({"Shape", "Size", "NonZero", "ArgMax", "ArgMin"})

@@ -40,6 +40,7 @@ def _many_ops() -> tuple[Model, list[Value]]:
     g = GraphBuilder(opset=21)
     x = g.input("x", FLOAT, [2, 3])
     i = g.input("i", INT32, [2])
+    img = g.input("img", TensorProto.FLOAT16, [1, 3, 8, 8])
     s = g.op.Shape(x)
     vals = [
         s, g.op.Size(x), g.op.Slice(s, g.constant(np.array([0], np.int64), "s0"),
@@ -50,7 +51,16 @@ def _many_ops() -> tuple[Model, list[Value]]:
         g.op.Where(g.op.Greater(i, i), i, i),
         g.op.Gather(x, g.constant(np.array([1], np.int64), "gi"), axis=0),
         g.op.Unsqueeze(i, g.constant(np.array([0], np.int64), "ua")),
-        g.op.Sigmoid(x),  # not read off the graph: None
+        g.op.Softmax(x), g.op.MatMul(x, g.initializer("m", np.ones((3, 2), np.float32))),
+        g.op.Pow(x, g.initializer("e", np.array([2], np.int32))),  # the base's type is the result's
+        g.op.Pad(x, g.constant(np.array([0, 1, 0, 1], np.int64), "pads")),
+        g.op.Conv(img, g.initializer("k", np.ones((2, 3, 3, 3), np.float16))),
+        g.op.MaxPool(img, kernel_shape=[2, 2]),
+        g.op.BatchNormalization(img, *[g.initializer(f"bn{k}", np.ones(3, np.float16)) for k in range(4)]),
+        g.op.LSTM(g.op.Unsqueeze(x, g.constant(np.array([0], np.int64), "ux")),
+                  g.initializer("W", np.ones((1, 8, 3), np.float32)),
+                  g.initializer("R", np.ones((1, 8, 2), np.float32)), hidden_size=2, _outputs=1),
+        g.op.CastLike(x, i),  # not read off the graph: None
         g.initializer("w", np.zeros((2,), np.uint8)),
     ]
     return _with_outputs(g, vals)
@@ -81,7 +91,7 @@ def test_stated_elem_types_agree_with_onnx_shape_inference():
     stated = {v.name: stated_elem_type(v) for v in vals}
     known = {n: t for n, t in stated.items() if t is not None}
     assert len(known) == len(vals) - 1
-    assert stated[vals[-2].name] is None  # Sigmoid
+    assert stated[vals[-2].name] is None  # CastLike
     for name, t in known.items():
         assert types[name] == t, name
     assert stated[vals[2].name] == INT64 and stated[vals[7].name] == BOOL and stated[vals[6].name] == INT32
