@@ -867,7 +867,8 @@ class ShapesContext:
         c._records = c._prior = c._prior_index = c._seeds = c._prior_seeds = c._seen = c._prior_seen = None
         c.replayed = 0
         c.live, c._pinned, c._kept = self.live, self._pinned, self._kept
-        c._ordered = c._was_ordered = False
+        # a copy's speculations, like the original's, run on the IR its types describe
+        c._ordered, c._was_ordered = False, self._was_ordered
         c._inferred = set(self._inferred)
         return c
 

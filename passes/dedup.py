@@ -18,11 +18,11 @@ Before / after::
 
 Payloads are read only for candidates: initializers are first grouped by
 (type, dims, byte length) without reading bytes, then by the first and last 32
-bytes of their payloads (a serialized payload is parsed for them, once); within a group of three or more left each payload is
-hashed once with blake2b and, on a hash hit, compared byte for byte (two are
-compared directly). Graph
-inputs with a default (initializers that are also inputs) and initializers
-that are graph outputs are never merged away.
+bytes of their payloads (a serialized payload is parsed for them, once); within
+a group of three or more left each payload is hashed once with blake2b and, on a
+hash hit, compared byte for byte (two are compared directly). Graph inputs with
+a default (initializers that are also inputs) and initializers that are graph
+outputs are never merged away.
 """
 from __future__ import annotations
 

@@ -42,6 +42,7 @@ Soundness:
 from __future__ import annotations
 
 from collections.abc import Callable, Container, Iterator
+from functools import cached_property
 
 import numpy as np
 from onnxforge.graphbuilder.ir import Graph, Model, Node, Value
@@ -158,6 +159,12 @@ class _Cone:
         self.reads_type = False
         self.cone = [n for n in order[at + 1:] if self._spread(n)]
 
+    @cached_property
+    def kept(self) -> frozenset[Node]:
+        """The nodes of the cone and of its bodies that read nothing the assumption changes
+        (both branches' speculations keep their results)."""
+        return frozenset(m for m in _nested(self.cone) if m not in self.nodes)
+
     def _spread(self, n: Node) -> bool:
         dirty = self.values
         touched = any(v in dirty for v in n.inputs if v is not None)
@@ -213,7 +220,7 @@ class _Speculation:
         self.ctx, self.live, self.node, self.cone = ctx, live, node, cone
         self.types, self.values = _branch_outputs(ctx, node, attr)
         self.made = made
-        self.kept = frozenset(m for m in _nested(cone.cone) if m not in cone.nodes)
+        self.kept = cone.kept
 
     def run(self, pins: dict[Node, list[np.ndarray]]) -> tuple[bool | None, ShapesContext]:
         """(True when a node that runs fails, False when none does, None when undecided;
