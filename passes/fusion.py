@@ -475,8 +475,8 @@ def merge_complementary_slices(model: Model, ctx: ShapesContext | None = None) -
     return _merge_slices(model, LazyShapes(None, model) if ctx is None else ctx)
 
 
-def _merge_slices(model: Model, shapes: ShapesContext | LazyShapes) -> int:
-    merger = _SliceMerger(model, shapes, effect_analysis(model))
+def _merge_slices(model: Model, shapes: ShapesContext | LazyShapes, effects: Effects | None = None) -> int:
+    merger = _SliceMerger(model, shapes, effect_analysis(model) if effects is None else effects)
     for c in list(containers(model)):
         merger.run(c)
     return merger.merged
@@ -501,4 +501,5 @@ class SliceSplitPass(Pass):
     runs_after = ("inline",)
 
     def call(self, model: Model) -> PassResult:
-        return PassResult(model, _merge_slices(model, LazyShapes(self.analyses, model)) > 0)
+        effects = self.analyses.get("effects", model)  # the one LazyShapes reads too
+        return PassResult(model, _merge_slices(model, LazyShapes(self.analyses, model), effects) > 0)
