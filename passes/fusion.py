@@ -53,7 +53,7 @@ from onnxforge.passes.manager import Pass, PassResult, register_pass
 from onnxforge.passes.rename import NameScope, can_replace, replace_value
 from onnxforge.passes.rewrite import Const, Match, Pattern, Rule, RuleTable, apply_rules
 from onnxforge.passes.shape_fold import LazyShapes
-from onnxforge.passes.stated import stated_rank
+from onnxforge.passes.stated import stated_dims, stated_rank
 from onnxforge.proto_ext.types import TensorType
 
 __all__ = ["FUSION_RULES", "FusionPass", "SliceSplitPass", "fuse", "merge_complementary_slices"]
@@ -422,10 +422,15 @@ class _SliceMerger:
                   and u.domain in DEFAULT_DOMAINS and not self.effects.has_side_effects(u)]
         if len(slices) < 2 or len({id(u) for u in slices}) != len(slices):
             return
-        dims = self.shape_of(t)
-        if dims is None:
-            return
-        ranges = [_slice_range(u, tuple(dims)) for u in slices]
+        # the dims the graph states (a Reshape to a constant target, a Transpose of it...)
+        # first: where they give every Slice's range, inference would give the same
+        dims: tuple[object, ...] | None = stated_dims(t)
+        ranges = [] if dims is None else [_slice_range(u, dims) for u in slices]
+        if dims is None or any(r is None for r in ranges):
+            dims = self.shape_of(t)
+            if dims is None:
+                return
+            ranges = [_slice_range(u, tuple(dims)) for u in slices]
         if any(r is None for r in ranges) or len({r[0] for r in ranges}) != 1:
             return
         axis = ranges[0][0]

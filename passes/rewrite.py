@@ -49,7 +49,7 @@ from onnxforge.graphbuilder.tensors import onnx_dtype
 from onnxforge.passes.domains import canonical_domain
 from onnxforge.passes.fold import constant_value, lift_constants
 from onnxforge.passes.effects import Effects, effect_analysis
-from onnxforge.passes.stated import stated_elem_type, stated_shape
+from onnxforge.passes.stated import stated_dims, stated_elem_type
 from onnxforge.passes.invariants import containers
 from onnxforge.passes.manager import Pass, PassResult, check_int_option, register_pass
 from onnxforge.passes.records import make_attrs
@@ -700,8 +700,10 @@ def _slice_noop_axes(m: Match, starts: np.ndarray, ends: np.ndarray, axes: np.nd
     sp = [1] * len(st) if steps is None else [int(v) for v in steps.reshape(-1)]
     if len(ax) != len(st) or len(sp) != len(st) or any(v != 1 for v in sp) or any(s > 0 for s in st):
         return None  # a start past 0 drops elements of any dimension: no shape needed to say so
-    shape = stated_shape(x)  # a shape vector's length, read off its producers
-    if shape is None:
+    # the dims the graph states (a shape vector's length, a Conv's channels...) when they
+    # give every sliced axis; where they do, inference gives the same
+    shape: tuple[Any, ...] | None = stated_dims(x)
+    if shape is None or any(not -len(shape) <= a < len(shape) or shape[a] is None for a in ax):
         shape = m.shape_of(x)
     for a, s, e in zip(ax, st, en):
         dim = None

@@ -15,12 +15,12 @@ None (ask the analysis) everywhere else.
 """
 from __future__ import annotations
 
-from onnxforge.graphbuilder.ir import Graph, Value
+from onnxforge.graphbuilder.ir import Graph, Node, Value
 from onnxforge.graphbuilder.tensors import Tensor
 from onnxforge.passes.domains import DEFAULT_DOMAINS
 from onnxforge.proto_ext.types import TensorProto, TensorType
 
-__all__ = ["stated_elem_type", "stated_rank", "stated_shape"]
+__all__ = ["stated_dims", "stated_elem_type", "stated_rank", "stated_shape"]
 
 _MAX_DEPTH = 16
 
@@ -83,13 +83,14 @@ _SAME_SHAPE = frozenset({
 _SAME_RANK = _SAME_SHAPE | frozenset({
     "Conv", "ConvTranspose", "AveragePool", "MaxPool", "GlobalAveragePool",
     "GlobalMaxPool", "LpPool", "BatchNormalization", "InstanceNormalization",
-    "LayerNormalization", "LRN", "Dropout", "Pad", "Transpose", "Resize", "CumSum",
+    "LayerNormalization", "LRN", "Dropout", "Pad", "Transpose", "Resize", "CumSum", "Slice",
 })
 # Output 0 has the rank of the broadcast of every input (the largest rank).
 _BROADCAST = frozenset({
     "Add", "Sub", "Mul", "Div", "Pow", "Mod", "Max", "Min", "Sum", "Mean", "Equal",
     "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "And", "Or", "Xor", "Where", "PRelu",
     "BitShift",
+    "Concat",  # its inputs share one rank
 })
 
 
@@ -118,8 +119,22 @@ def stated_rank(v: Value | None, limit: int = 4096) -> int | None:
     """The rank of ``v`` that its producers fix, back to initializers, main-graph inputs
     of declared rank, ``Shape``, ``Size`` and ``Flatten`` outputs and ``Reshape`` outputs
     of a target whose length is stated, else None. Through operators that
-    keep their input's rank and broadcasting ones, the rank is the largest rank met at
-    those ends; ``limit`` bounds the values walked."""
+    keep their input's rank (reductions that keep their dims among them) and broadcasting
+    ones, the rank is the largest rank met at those ends; a ``MatMul`` of two inputs of
+    rank 2 or more has the larger rank. ``limit`` bounds the values walked."""
+    return _rank(v, [limit], {}, 0)
+
+
+_REDUCTIONS = frozenset({
+    "ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",
+    "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare",
+})
+_MAX_NESTED = 64
+
+
+def _rank(v: Value | None, budget: list[int], memo: dict[int, int | None], depth: int) -> int | None:
+    """:func:`stated_rank` with ``budget[0]`` values left to walk (shared with the walks it
+    starts for ``MatMul`` inputs, whose ranks ``memo`` keeps)."""
     if v is None:
         return None
     best = -1
@@ -130,7 +145,8 @@ def stated_rank(v: Value | None, limit: int = 4096) -> int | None:
         if id(u) in seen:
             continue
         seen.add(id(u))
-        if len(seen) > limit:
+        budget[0] -= 1
+        if budget[0] < 0:
             return None
         p = u.producer()
         if p is None:
@@ -139,9 +155,14 @@ def stated_rank(v: Value | None, limit: int = 4096) -> int | None:
                 return None
             best = max(best, r)
             continue
-        if p.domain not in DEFAULT_DOMAINS or u.index != 0 or not p.inputs:
+        if p.domain not in DEFAULT_DOMAINS or not p.inputs:
             return None
         op = p.op_type
+        if op == "Split" and p.inputs[0] is not None:  # every piece keeps the input's rank
+            stack.append(p.inputs[0])
+            continue
+        if u.index != 0:
+            return None
         if op == "Shape" or op == "Size":
             best = max(best, 1 if op == "Shape" else 0)
         elif op == "Flatten":
@@ -151,15 +172,77 @@ def stated_rank(v: Value | None, limit: int = 4096) -> int | None:
             if target is None or len(target) != 1:
                 return None
             best = max(best, target[0])
+        elif op == "MatMul":  # batch dims broadcast; a 1-D input would drop one
+            if len(p.inputs) != 2 or depth >= _MAX_NESTED:
+                return None
+            ranks = []
+            for w in p.inputs:
+                if w is None:
+                    return None
+                if id(w) not in memo:
+                    memo[id(w)] = _rank(w, budget, memo, depth + 1)
+                ranks.append(memo[id(w)])
+            if any(r is None or r < 2 for r in ranks):
+                return None
+            best = max(best, *ranks)  # type: ignore[arg-type]
+        elif op == "Squeeze" or op == "Unsqueeze":  # as many dims fewer or more as axes given
+            axes = _axes(p)
+            if axes is None or p.inputs[0] is None or depth >= _MAX_NESTED:
+                return None
+            w = p.inputs[0]
+            if id(w) not in memo:
+                memo[id(w)] = _rank(w, budget, memo, depth + 1)
+            r = memo[id(w)]
+            if r is None:
+                return None
+            best = max(best, r - axes if op == "Squeeze" else r + axes)
+        elif op == "Expand":  # the broadcast of the input and a shape of stated length
+            n = stated_shape(p.inputs[1]) if len(p.inputs) == 2 else None
+            if n is None or len(n) != 1 or p.inputs[0] is None:
+                return None
+            best = max(best, n[0])
+            stack.append(p.inputs[0])
+        elif op in _REDUCTIONS and p.attr("keepdims", 1) == 0:  # one dim fewer per axis
+            axes = _reduced_axes(p)
+            if axes is None or p.inputs[0] is None or depth >= _MAX_NESTED:
+                return None
+            w = p.inputs[0]
+            if id(w) not in memo:
+                memo[id(w)] = _rank(w, budget, memo, depth + 1)
+            r = memo[id(w)]
+            if r is None:
+                return None
+            best = max(best, r - axes)
         elif op in _BROADCAST:
             if any(w is None for w in p.inputs):
                 return None
             stack.extend(p.inputs)  # type: ignore[arg-type]
-        elif op in _SAME_RANK and p.inputs[0] is not None:
+        elif (op in _SAME_RANK or (op in _REDUCTIONS and p.attr("keepdims", 1) != 0)) and p.inputs[0] is not None:
             stack.append(p.inputs[0])
         else:
             return None
     return best if best >= 0 else None
+
+
+def _reduced_axes(node: Node) -> int | None:
+    """How many distinct axes a reduction that drops them names (attribute or constant
+    input); None when it names none (then it reduces every axis, or none at all)."""
+    got = node.attr("axes")
+    if got is None and len(node.inputs) > 1:
+        got = _const_vector(node.inputs[1])
+    return len(set(int(a) for a in got)) if got else None
+
+
+def _axes(node: Node) -> int | None:
+    """How many axes a Squeeze or Unsqueeze names (its attribute, or a constant input), or
+    None (a Squeeze without axes drops the dims that are 1, which only shapes tell)."""
+    got = node.attr("axes")
+    if got is not None:
+        return len(got)
+    if len(node.inputs) < 2 or node.inputs[1] is None:
+        return None
+    got = _const_vector(node.inputs[1])
+    return None if got is None else len(got)
 
 
 def _input_rank(v: Value) -> int | None:
@@ -190,8 +273,150 @@ def stated_shape(v: Value | None, depth: int = _MAX_DEPTH) -> tuple[int, ...] | 
             return None if r is None else (r,)
         if op == "Size":
             return ()
+        if op == "Concat" and p.attr("axis") in (0, -1):  # of vectors: their lengths add up
+            parts = [stated_shape(w, depth - 1) if w is not None else None for w in p.inputs]
+            if any(s is None or len(s) != 1 for s in parts):
+                return None
+            return (sum(s[0] for s in parts),)  # type: ignore[index]
+        if op == "Slice":
+            return _sliced_vector(p, depth)
+        if op == "Gather" and p.attr("axis", 0) in (0, -1) and len(p.inputs) == 2:  # of a vector
+            data, index = (stated_shape(w, depth - 1) for w in p.inputs)
+            return index if data is not None and len(data) == 1 else None
+        if op == "Unsqueeze":  # a 1 at each axis of the result
+            src = stated_shape(p.inputs[0], depth - 1)
+            axes = p.attr("axes")
+            axes = _const_vector(p.inputs[1]) if axes is None and len(p.inputs) > 1 else axes
+            if src is None or axes is None:
+                return None
+            r = len(src) + len(axes)
+            at = sorted(a + r if a < 0 else a for a in axes)
+            if len(set(at)) != len(at) or any(not 0 <= a < r for a in at):
+                return None
+            rest = iter(src)
+            return tuple(1 if i in at else next(rest) for i in range(r))
         if op not in _SAME_SHAPE:
             return None
         v = p.inputs[0]
         depth -= 1
     return None
+
+
+def _sliced_vector(node: Node, depth: int) -> tuple[int, ...] | None:
+    """The shape of a unit-step Slice of a vector of stated length, with constant bounds."""
+    ins = list(node.inputs) + [None] * (5 - len(node.inputs))
+    if node.attributes or len(node.inputs) < 3:
+        return None
+    length = stated_shape(ins[0], depth - 1)
+    bounds = [_const_vector(w) for w in ins[1:3]]
+    if length is None or len(length) != 1 or any(b is None or len(b) != 1 for b in bounds):
+        return None
+    for w, ok in ((ins[3], (0, -1)), (ins[4], (1,))):
+        if w is not None:
+            got = _const_vector(w)
+            if got is None or len(got) != 1 or got[0] not in ok:
+                return None
+    (start,), (end,) = bounds  # type: ignore[misc]
+    return (len(range(length[0])[start:end]),)  # ONNX clamps a unit step as Python does
+
+
+def _const_vector(v: Value | None) -> list[int] | None:
+    """The entries of a constant integer vector (an initializer or a Constant node's)."""
+    if v is None:
+        return None
+    c = v.const
+    if c is None:
+        p = v.producer()
+        a = p.attributes.get("value") if p is not None and p.op_type == "Constant" else None
+        c = a.value if a is not None else None
+    if not isinstance(c, Tensor) or len(c.dims) != 1 or c.dtype not in (TensorProto.INT64, TensorProto.INT32):
+        return None
+    return [int(x) for x in c.numpy().reshape(-1)]
+
+
+def stated_dims(v: Value | None, depth: int = _MAX_DEPTH) -> tuple[int | None, ...] | None:
+    """The dims of ``v`` that its producers fix, None for each one they leave open (the
+    rank is known): an initializer's, a main-graph input's declared dims (numbers only),
+    a shape vector's (:func:`stated_shape`), a ``Reshape`` to a target whose entries are
+    constants or of stated count (its positive entries; a 0 copies the input's dim), a
+    ``Conv``'s batch and output channels, an ``Unsqueeze`` or ``Transpose`` of stated
+    dims, through operators that keep their input's shape; else None. Each dim given
+    agrees with inference."""
+    while v is not None and depth > 0:
+        p = v.producer()
+        if p is None:
+            if isinstance(v.const, Tensor):
+                return tuple(v.const.dims)
+            t = _fed_type(v)
+            if t is None or t.shape is None:
+                return None
+            return tuple(d if type(d) is int and d >= 0 else None for d in t.shape)
+        if p.domain not in DEFAULT_DOMAINS or v.index != 0 or not p.inputs or p.inputs[0] is None:
+            return None
+        op = p.op_type
+        if op == "Reshape":
+            target = _target_entries(p.inputs[1], depth - 1) if len(p.inputs) > 1 else None
+            if target is None or any(d is not None and d < -1 for d in target):
+                return None
+            copy = p.attr("allowzero", 0) == 0
+            src = stated_dims(p.inputs[0], depth - 1) if copy and 0 in target else None
+            return tuple(d if d is not None and (d > 0 or (d == 0 and not copy)) else
+                         (src[i] if d == 0 and src is not None and i < len(src) else None)
+                         for i, d in enumerate(target))
+        if op in ("Shape", "Size", "Concat", "Slice", "Gather"):  # shape vectors and such
+            return stated_shape(v, depth)
+        if op == "Conv" and len(p.inputs) > 1 and p.inputs[1] is not None \
+                and isinstance(p.inputs[1].const, Tensor):  # [batch, W's output channels, ...]
+            w = p.inputs[1].const.dims
+            src = stated_dims(p.inputs[0], depth - 1)
+            if len(w) < 3 or (src is not None and len(src) != len(w)):
+                return None
+            return (src[0] if src is not None else None, w[0], *([None] * (len(w) - 2)))
+        if op == "Unsqueeze":
+            src = stated_dims(p.inputs[0], depth - 1)
+            axes = p.attr("axes")
+            axes = _const_vector(p.inputs[1]) if axes is None and len(p.inputs) > 1 else axes
+            if src is None or axes is None:
+                return None
+            r = len(src) + len(axes)
+            at = sorted(a + r if a < 0 else a for a in axes)
+            if len(set(at)) != len(at) or any(not 0 <= a < r for a in at):
+                return None
+            rest = iter(src)
+            return tuple(1 if i in at else next(rest) for i in range(r))
+        if op == "Transpose":
+            src = stated_dims(p.inputs[0], depth - 1)
+            if src is None:
+                return None
+            perm = p.attr("perm")
+            perm = list(range(len(src)))[::-1] if perm is None else [int(a) for a in perm]
+            if sorted(perm) != list(range(len(src))):
+                return None
+            return tuple(src[a] for a in perm)
+        if op not in _SAME_SHAPE:
+            return None
+        v = p.inputs[0]
+        depth -= 1
+    return None
+
+
+def _target_entries(v: Value | None, depth: int) -> list[int | None] | None:
+    """The entries of a shape vector: a constant's, or a Concat's of constant pieces and
+    pieces of stated length whose entries are left open (None); None when its length is
+    not stated."""
+    got = _const_vector(v)
+    if got is not None or v is None or depth <= 0:
+        return got  # type: ignore[return-value]
+    p = v.producer()
+    if p is None or p.op_type != "Concat" or p.domain not in DEFAULT_DOMAINS or p.attr("axis") not in (0, -1):
+        return None
+    out: list[int | None] = []
+    for w in p.inputs:
+        part: list[int | None] | None = _const_vector(w)  # type: ignore[assignment]
+        if part is None:
+            n = stated_shape(w, depth - 1)
+            if n is None or len(n) != 1:
+                return None
+            part = [None] * n[0]
+        out.extend(part)
+    return out

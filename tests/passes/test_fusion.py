@@ -119,8 +119,8 @@ def test_matmul_add_becomes_gemm(cshape):
 
 
 def _conv_bn_gemm_model(stateful: bool, flatten: bool = True):
-    """Three Conv + BatchNormalization + Relu, pooled, then MatMul + Add; the pooled
-    value is flattened (``flatten``) or squeezed; ``stateful`` adds a READ_WRITE input."""
+    """Three Conv + BatchNormalization + Relu, pooled and flattened (then normalized unless
+    ``flatten``), then MatMul + Add; ``stateful`` adds a READ_WRITE input."""
     g = GraphBuilder(opset=21)
     x = g.input("x", FLOAT, [1, 4, 5, 5])
     y = x
@@ -129,7 +129,9 @@ def _conv_bn_gemm_model(stateful: bool, flatten: bool = True):
         conv = g.op.Conv(y, g.initializer(f"W{k}", _f32(4, 4, 3, 3)), pads=[1, 1, 1, 1])
         y = g.op.Relu(g.op.BatchNormalization(conv, *bn))
     pooled = g.op.GlobalAveragePool(y)
-    flat = g.op.Flatten(pooled) if flatten else g.op.Squeeze(pooled, g.initializer("axes", np.array([2, 3])))
+    flat = g.op.Flatten(pooled)
+    if not flatten:  # an operator the graph's rank reading does not know
+        flat = g.op.LpNormalization(flat, axis=1)
     flat = g.op.Identity(flat)  # for identity_elimination
     g.output(g.op.Add(g.op.MatMul(flat, g.initializer("B", _f32(4, 8))), g.initializer("C", _f32(8))), "z")
     if stateful:
@@ -155,18 +157,19 @@ def _shape_contexts(monkeypatch) -> tuple[list, list]:
 
 @pytest.mark.parametrize("flatten", [True, False])
 def test_gemm_fusion_infers_only_what_the_matmul_input_depends_on(monkeypatch, flatten):
-    """The Gemm rule needs A's rank: a Flatten states it, with no inference. A Squeeze does
-    not: in a model without storage the question infers the nodes the MatMul's input
-    depends on, as the Conv fusions left them, and nothing else."""
+    """The Gemm rule needs A's rank: a Flatten states it, with no inference. An
+    LpNormalization does not: in a model without storage the question infers the nodes
+    the MatMul's input depends on, as the Conv fusions left them, and nothing else."""
     m = _conv_bn_gemm_model(stateful=False, flatten=flatten)
     before = to_onnx(m)
     optimize(m, passes=["shape_folding", "identity_elimination"])
     contexts, inferred = _shape_contexts(monkeypatch)
     optimize(m, passes=["fusion"])
-    assert _ops(m) == ["Conv", "Relu"] * 3 + ["GlobalAveragePool", "Flatten" if flatten else "Squeeze", "Gemm"]
+    tail = ["Gemm"] if flatten else ["LpNormalization", "Gemm"]
+    assert _ops(m) == ["Conv", "Relu"] * 3 + ["GlobalAveragePool", "Flatten", *tail]
     assert contexts == []  # no whole-model inference
     # the fused weights are Constant nodes until the pass ends (then initializers)
-    want = [] if flatten else ["Conv", "Relu"] * 3 + ["GlobalAveragePool", "Squeeze"]
+    want = [] if flatten else ["Conv", "Relu"] * 3 + ["GlobalAveragePool", "Flatten", "LpNormalization"]
     assert sorted(op for op in inferred if op != "Constant") == sorted(want)
     _close(before, m, {"x": _f32(1, 4, 5, 5)})
 

@@ -12,7 +12,7 @@ from onnxforge.graphbuilder.ir import Model, Node, Value
 from onnxforge.graphbuilder.serde import to_onnx
 from onnxforge.graphbuilder.shapes import ShapesContext
 from onnxforge.passes import RewritePass, optimize
-from onnxforge.passes.stated import stated_elem_type, stated_rank, stated_shape
+from onnxforge.passes.stated import stated_dims, stated_elem_type, stated_rank, stated_shape
 from onnxforge.passes.fusion import SliceSplitPass
 
 from tests.passes.helpers import FLOAT, assert_same_outputs
@@ -149,7 +149,7 @@ def test_a_slice_that_starts_past_zero_is_kept_without_inferring_shapes(inferenc
 
 def _slices(complementary: bool) -> Model:
     g = GraphBuilder(opset=21)
-    x = g.input("x", FLOAT, [2, 8])
+    x = g.op.Add(g.input("x0", FLOAT, [2, 8]), g.initializer("z", np.zeros(8, np.float32)), _name="x")
     lo = g.op.Slice(x, g.constant(np.array([0], np.int64), "s0"), g.constant(np.array([4], np.int64), "e0"),
                     g.constant(np.array([1], np.int64), "a0"))
     g.output(g.op.Identity(lo), "lo")
@@ -173,10 +173,10 @@ def test_slice_split_infers_shapes_only_for_a_candidate(inferences, monkeypatch)
     m = _slices(complementary=True)
     before = to_onnx(m)
     assert SliceSplitPass()(m).modified
-    assert inferences == []  # the candidate's shape is inferred on its own: x's
-    assert set(asked) == {"x"}
-    assert [n.op_type for n in m.graph] == ["Split", "Identity", "Identity"]
-    assert_same_outputs(before, m, {"x": RNG.standard_normal((2, 8)).astype(np.float32)})
+    assert inferences == []  # the candidate's shape is inferred on its own (a broadcast's)
+    assert len(set(asked)) == 1 and asked[0].startswith("x")
+    assert [n.op_type for n in m.graph] == ["Add", "Split", "Identity", "Identity"]
+    assert_same_outputs(before, m, {"x0": RNG.standard_normal((2, 8)).astype(np.float32)})
 
 
 def _vision_chain() -> tuple[Model, list[Value]]:
@@ -249,3 +249,110 @@ def test_slice_of_a_shape_vector_is_decided_without_inferring_shapes(inferences)
         m = _rewritten_untyped(g, {"x": RNG.standard_normal((2, 3, 8, 8)[:rank]).astype(np.float32)})
         assert [n.op_type for n in m.graph if n.op_type != "Relu"] == kept
         assert inferences == []
+
+
+def _shape_arithmetic() -> tuple[Model, list[Value]]:
+    """What exporters write between tensors: reductions that keep dims, MatMuls, squeezes,
+    pieces of a split, Reshape targets built from shape vectors, transposed heads."""
+    g = GraphBuilder(opset=18)
+    x = g.input("x", FLOAT, ["n", 6, 4])
+    w = g.initializer("w", np.ones((4, 4), np.float32))
+    mean = g.op.ReduceMean(x, g.initializer("ax", np.array([-1], np.int64)))  # keepdims=1
+    h = g.op.MatMul(g.op.Sub(x, mean), w)
+    sq = g.op.Squeeze(g.op.Unsqueeze(h, g.initializer("u0", np.array([0, 2], np.int64))),
+                      g.initializer("s0", np.array([0], np.int64)))
+    parts = g.op.Split(h, g.initializer("sp", np.array([2, 4], np.int64)), axis=1, _outputs=2)
+    shape = g.op.Shape(x)
+    tail = g.op.Slice(shape, g.initializer("b1", np.array([1], np.int64)), g.initializer("e1", np.array([3], np.int64)),
+                      g.initializer("a0", np.array([0], np.int64)))
+    target = g.op.Concat(g.initializer("one", np.array([1], np.int64)), g.op.Cast(tail, to=INT64), axis=0)
+    heads = g.op.Transpose(g.op.Reshape(h, g.initializer("t", np.array([0, 3, 2, 4], np.int64))), perm=[2, 0, 1, 3])
+    vals = [mean, h, sq, parts[1], g.op.Slice(h, g.initializer("b2", np.array([1], np.int64)),
+                                              g.initializer("e2", np.array([2], np.int64))),
+            g.op.Concat(h, h, axis=0), tail, target, g.op.Reshape(x, target), heads, g.op.Relu(heads)]
+    return _with_outputs(g, vals)
+
+
+def test_rank_and_shape_arithmetic_agree_with_onnx_shape_inference():
+    m, vals = _shape_arithmetic()
+    inferred = _onnx_inferred(m, vals)
+    dims = {v.name: [d.dim_value if d.HasField("dim_value") else None for d in inferred[v.name].shape.dim]
+            for v in vals}
+    assert [stated_rank(v) for v in vals] == [len(dims[v.name]) for v in vals] == [3, 3, 4, 3, 3, 3, 1, 1, 3, 4, 4]
+    assert stated_shape(vals[6]) == (2,) and stated_shape(vals[7]) == (3,)  # Slice of [3], Concat of [1] + [2]
+    # Reshape(h, [0, 3, 2, 4]) -> [n, 3, 2, 4]; heads = Transpose(., [2, 0, 1, 3]) -> [2, n, 3, 4]
+    for v in vals[-2:]:
+        got = stated_dims(v)
+        assert got == (2, None, 3, 4)
+        assert all(d is None or d == want for d, want in zip(got, dims[v.name])) and dims[v.name][0] == 2
+    assert stated_dims(vals[1]) is None  # a MatMul's dims are not read
+
+
+def test_a_one_d_operand_of_matmul_or_a_squeeze_without_axes_states_no_rank():
+    g = GraphBuilder(opset=18)
+    x = g.input("x", FLOAT, [3, 4])
+    vec = g.op.MatMul(x, g.initializer("v", np.ones(4, np.float32)))  # [3]: the vector's dim goes
+    sq = g.op.Squeeze(g.op.Unsqueeze(x, g.initializer("u", np.array([0], np.int64))))  # drops every 1
+    g.output(g.op.Identity(vec), "a")
+    g.output(g.op.Identity(sq), "b")
+    g.to_model()
+    assert stated_rank(vec) is None and stated_rank(sq) is None
+
+
+def test_slice_split_reads_stated_dims_without_asking(inferences, monkeypatch):
+    # heads = Transpose(Reshape(x, [0, 3, 2, 4]), [2, 0, 1, 3]): axis 0 is 2 whatever n is
+    asked: list[str] = []
+    infer_for = ShapesContext.infer_for
+    monkeypatch.setattr(ShapesContext, "infer_for",
+                        lambda self, values: asked.extend(v.name for v in values) or infer_for(self, values))
+    g = GraphBuilder(opset=21)
+    x = g.input("x", FLOAT, ["n", 6, 4])
+    heads = g.op.Transpose(g.op.Reshape(x, g.initializer("t", np.array([0, 3, 2, 4], np.int64))), perm=[2, 0, 1, 3])
+    for k in range(2):
+        part = g.op.Slice(heads, g.initializer(f"s{k}", np.array([k], np.int64)),
+                          g.initializer(f"e{k}", np.array([k + 1], np.int64)), g.initializer(f"a{k}", np.array([0])))
+        g.output(g.op.Identity(part), f"y{k}")
+    m = g.to_model()
+    before = to_onnx(m)
+    assert SliceSplitPass()(m).modified
+    assert inferences == [] and asked == []
+    assert [n.op_type for n in m.graph].count("Split") == 1
+    assert_same_outputs(before, m, {"x": RNG.standard_normal((5, 6, 4)).astype(np.float32)})
+
+
+def test_a_reshape_target_built_from_shape_entries_states_its_constant_dims():
+    # t = Concat(Unsqueeze(Gather(Shape(x), 0)), [4], Unsqueeze(Gather(Shape(x), 2))): [n, 4, w]
+    g = GraphBuilder(opset=18)
+    x = g.input("x", FLOAT, ["n", 4, "w"])
+    shape = g.op.Shape(x)
+    n = g.op.Gather(shape, g.initializer("i0", np.array(0, np.int64)), axis=0)
+    w = g.op.Gather(shape, g.initializer("i2", np.array(2, np.int64)), axis=0)
+    un = g.op.Unsqueeze(n, g.initializer("ua", np.array([0], np.int64)))
+    uw = g.op.Unsqueeze(w, g.initializer("ub", np.array([-1], np.int64)))
+    target = g.op.Concat(un, g.initializer("four", np.array([4], np.int64)), uw, axis=0)
+    y = g.op.Reshape(g.op.Transpose(x, perm=[0, 2, 1]), target)  # [n, w, 4] -> [n, 4, w]
+    vals = [n, un, target, y]
+    m, vals = _with_outputs(g, vals)
+    for v in vals:
+        v.type = None
+    inferred = onnx.shape_inference.infer_shapes(to_onnx(m), strict_mode=True, data_prop=True)
+    types = {vi.name: vi.type.tensor_type for vi in [*inferred.graph.value_info, *inferred.graph.output]}
+    shapes = [tuple(d.dim_value if d.HasField("dim_value") else None for d in types[v.name].shape.dim) for v in vals]
+    assert [stated_shape(v) for v in vals[:3]] == shapes[:3] == [(), (1,), (3,)]
+    assert stated_dims(y) == (None, 4, None) and shapes[3][1] == 4
+
+
+def test_expand_reductions_conv_and_unsqueeze_agree_with_onnx_shape_inference():
+    g = GraphBuilder(opset=18)
+    x = g.input("x", FLOAT, ["n", 3, 8, 8])
+    conv = g.op.Conv(x, g.initializer("k", np.ones((5, 3, 3, 3), np.float32)))
+    vals = [conv, g.op.Unsqueeze(conv, g.initializer("u", np.array([-1], np.int64))),
+            g.op.ReduceSum(x, g.initializer("r", np.array([1, -1], np.int64)), keepdims=0),
+            g.op.Expand(g.op.ReduceMean(x, g.initializer("m", np.array([2], np.int64)), keepdims=0),
+                        g.initializer("e", np.array([2, 1, 1, 1, 8], np.int64)))]
+    m, vals = _with_outputs(g, vals)
+    inferred = _onnx_inferred(m, vals)
+    dims = [[d.dim_value if d.HasField("dim_value") else None for d in inferred[v.name].shape.dim] for v in vals]
+    assert [stated_rank(v) for v in vals] == [len(d) for d in dims] == [4, 5, 2, 5]
+    assert stated_dims(vals[0]) == (None, 5, None, None) and dims[0][1] == 5
+    assert stated_dims(vals[1]) == (None, 5, None, None, 1) and dims[1][1] == 5 and dims[1][4] == 1
