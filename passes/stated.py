@@ -173,27 +173,14 @@ def _rank(v: Value | None, budget: list[int], memo: dict[int, int | None], depth
                 return None
             best = max(best, target[0])
         elif op == "MatMul":  # batch dims broadcast; a 1-D input would drop one
-            if len(p.inputs) != 2 or depth >= _MAX_NESTED:
-                return None
-            ranks = []
-            for w in p.inputs:
-                if w is None:
-                    return None
-                if id(w) not in memo:
-                    memo[id(w)] = _rank(w, budget, memo, depth + 1)
-                ranks.append(memo[id(w)])
+            ranks = [_exact_rank(w, budget, memo, depth) for w in p.inputs] if len(p.inputs) == 2 else [None]
             if any(r is None or r < 2 for r in ranks):
                 return None
             best = max(best, *ranks)  # type: ignore[arg-type]
         elif op == "Squeeze" or op == "Unsqueeze":  # as many dims fewer or more as axes given
             axes = _axes(p)
-            if axes is None or p.inputs[0] is None or depth >= _MAX_NESTED:
-                return None
-            w = p.inputs[0]
-            if id(w) not in memo:
-                memo[id(w)] = _rank(w, budget, memo, depth + 1)
-            r = memo[id(w)]
-            if r is None:
+            r = _exact_rank(p.inputs[0], budget, memo, depth)
+            if axes is None or r is None:
                 return None
             best = max(best, r - axes if op == "Squeeze" else r + axes)
         elif op == "Expand":  # the broadcast of the input and a shape of stated length
@@ -204,13 +191,8 @@ def _rank(v: Value | None, budget: list[int], memo: dict[int, int | None], depth
             stack.append(p.inputs[0])
         elif op in _REDUCTIONS and p.attr("keepdims", 1) == 0:  # one dim fewer per axis
             axes = _reduced_axes(p)
-            if axes is None or p.inputs[0] is None or depth >= _MAX_NESTED:
-                return None
-            w = p.inputs[0]
-            if id(w) not in memo:
-                memo[id(w)] = _rank(w, budget, memo, depth + 1)
-            r = memo[id(w)]
-            if r is None:
+            r = _exact_rank(p.inputs[0], budget, memo, depth)
+            if axes is None or r is None:
                 return None
             best = max(best, r - axes)
         elif op in _BROADCAST:
@@ -222,6 +204,16 @@ def _rank(v: Value | None, budget: list[int], memo: dict[int, int | None], depth
         else:
             return None
     return best if best >= 0 else None
+
+
+def _exact_rank(w: Value | None, budget: list[int], memo: dict[int, int | None], depth: int) -> int | None:
+    """The rank of one operand, walked on its own (an operator whose rank is not its
+    inputs' largest) and kept in ``memo``."""
+    if w is None or depth >= _MAX_NESTED:
+        return None
+    if id(w) not in memo:
+        memo[id(w)] = _rank(w, budget, memo, depth + 1)
+    return memo[id(w)]
 
 
 def _reduced_axes(node: Node) -> int | None:
@@ -283,23 +275,28 @@ def stated_shape(v: Value | None, depth: int = _MAX_DEPTH) -> tuple[int, ...] | 
         if op == "Gather" and p.attr("axis", 0) in (0, -1) and len(p.inputs) == 2:  # of a vector
             data, index = (stated_shape(w, depth - 1) for w in p.inputs)
             return index if data is not None and len(data) == 1 else None
-        if op == "Unsqueeze":  # a 1 at each axis of the result
-            src = stated_shape(p.inputs[0], depth - 1)
-            axes = p.attr("axes")
-            axes = _const_vector(p.inputs[1]) if axes is None and len(p.inputs) > 1 else axes
-            if src is None or axes is None:
-                return None
-            r = len(src) + len(axes)
-            at = sorted(a + r if a < 0 else a for a in axes)
-            if len(set(at)) != len(at) or any(not 0 <= a < r for a in at):
-                return None
-            rest = iter(src)
-            return tuple(1 if i in at else next(rest) for i in range(r))
+        if op == "Unsqueeze":
+            return _unsqueezed(p, stated_shape(p.inputs[0], depth - 1))  # type: ignore[return-value]
         if op not in _SAME_SHAPE:
             return None
         v = p.inputs[0]
         depth -= 1
     return None
+
+
+def _unsqueezed(node: Node, src: tuple[int | None, ...] | None) -> tuple[int | None, ...] | None:
+    """The dims of an Unsqueeze of dims ``src``: a 1 at each of its axes (attribute or
+    constant input), ``src`` in order at the others."""
+    axes = node.attr("axes")
+    axes = _const_vector(node.inputs[1]) if axes is None and len(node.inputs) > 1 else axes
+    if src is None or axes is None:
+        return None
+    r = len(src) + len(axes)
+    at = sorted(a + r if a < 0 else a for a in axes)
+    if len(set(at)) != len(at) or any(not 0 <= a < r for a in at):
+        return None
+    rest = iter(src)
+    return tuple(1 if i in at else next(rest) for i in range(r))
 
 
 def _sliced_vector(node: Node, depth: int) -> tuple[int, ...] | None:
@@ -373,17 +370,7 @@ def stated_dims(v: Value | None, depth: int = _MAX_DEPTH) -> tuple[int | None, .
                 return None
             return (src[0] if src is not None else None, w[0], *([None] * (len(w) - 2)))
         if op == "Unsqueeze":
-            src = stated_dims(p.inputs[0], depth - 1)
-            axes = p.attr("axes")
-            axes = _const_vector(p.inputs[1]) if axes is None and len(p.inputs) > 1 else axes
-            if src is None or axes is None:
-                return None
-            r = len(src) + len(axes)
-            at = sorted(a + r if a < 0 else a for a in axes)
-            if len(set(at)) != len(at) or any(not 0 <= a < r for a in at):
-                return None
-            rest = iter(src)
-            return tuple(1 if i in at else next(rest) for i in range(r))
+            return _unsqueezed(p, stated_dims(p.inputs[0], depth - 1))
         if op == "Transpose":
             src = stated_dims(p.inputs[0], depth - 1)
             if src is None:

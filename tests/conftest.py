@@ -1,4 +1,5 @@
-"""Session-wide fixtures: the real exported tiny Qwen3 decoders.
+"""Session-wide fixtures: the real exported tiny Qwen3 decoders, the real-world corpus
+and onnx's backend node-test cases.
 
 Before anything else, the suite refuses to run unless ``onnxforge`` and each of
 its layers are loaded from this checkout (see :func:`foreign_packages`).
@@ -89,3 +90,17 @@ def wild_models() -> dict[str, Path]:
     Returns ``{name: <cache>/wild/<name>.onnx}``, cached in the same folder as the decoders.
     """
     return fetch_all(decoder_fixture_dir())
+
+
+@pytest.fixture(scope="session")
+def node_models() -> list:
+    """onnx's backend node-test cases as ``(name, ModelProto)`` pairs (every standard
+    operator at the versions onnx tests)."""
+    import warnings
+
+    from onnx.backend.test.loader import load_model_tests
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cases = load_model_tests(kind="node")
+    return [(c.name, c.model) for c in cases]

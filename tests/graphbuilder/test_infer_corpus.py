@@ -201,16 +201,6 @@ def compare_case(name: str, model: onnx.ModelProto, symbolic: bool = False) -> t
 # ----------------------------------------------------------------------------- tests
 
 
-@pytest.fixture(scope="module")
-def node_models() -> list[tuple[str, onnx.ModelProto]]:
-    from onnx.backend.test.loader import load_model_tests
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        cases = load_model_tests(kind="node")
-    return [(c.name, c.model) for c in cases]
-
-
 def test_node_corpus_is_large(node_models: list[tuple[str, onnx.ModelProto]]) -> None:
     assert len(node_models) >= 1800
 

@@ -9,7 +9,6 @@ onnx's backend node-test corpus and on the real-model corpus.
 from __future__ import annotations
 
 import random
-import warnings
 from collections.abc import Iterator
 
 import numpy as np
@@ -78,16 +77,6 @@ def _compare(m: Model, seed: int) -> int:
         assert got == want, f"{v.name!r}: {demand.type_of(v)} on demand, {whole.type_of(v)} inferred whole"
         assert (demand.value_of(v) is None) == (whole.value_of(v) is None), v.name
     return len(values)
-
-
-@pytest.fixture(scope="module")
-def node_models() -> list[tuple[str, onnx.ModelProto]]:
-    from onnx.backend.test.loader import load_model_tests
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        cases = load_model_tests(kind="node")
-    return [(c.name, c.model) for c in cases]
 
 
 def test_node_corpus_on_demand_equals_whole_inference(node_models) -> None:
