@@ -1,13 +1,15 @@
 """Element types and static shapes that the graph states without shape inference.
 
 A rule that needs only a value's element type (``Cast(x, to=T)`` is ``x`` when ``x``
-is already ``T``), or the static shape of a small shape vector, asks here first: the
-operators' definitions fix them for most values from a few producers up, and asking
-the ``shapes`` analysis costs a walk of the whole model::
+is already ``T``), its rank, the static shape of a small shape vector or some dims of
+a reshaped tensor asks here first: the operators' definitions fix them for most values
+from a few producers up, and asking the ``shapes`` analysis infers every node the
+value depends on::
 
     s = Shape(x)            # INT64, of shape [rank(x)]: rank(x) from x's producers
     t = Slice(s, ...)       # INT64: Slice keeps its input's element type
     u = Cast(t, to=INT64)   # -> t (stated_elem_type(t) == INT64)
+    h = Transpose(Reshape(x, [0, 3, 2, 4]), [2, 0, 1, 3])   # stated_dims(h) == (2, None, 3, 4)
 
 Only the default domain is read, and only what the operator definitions fix for
 every opset: each answer agrees with inference wherever inference knows it, and is
