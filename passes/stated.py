@@ -20,6 +20,7 @@ from __future__ import annotations
 from onnxforge.graphbuilder.ir import Graph, Node, Value
 from onnxforge.graphbuilder.tensors import Tensor
 from onnxforge.passes.domains import DEFAULT_DOMAINS
+from onnxforge.passes.fold import constant_value
 from onnxforge.proto_ext.types import TensorProto, TensorType
 
 __all__ = ["stated_dims", "stated_elem_type", "stated_rank", "stated_shape"]
@@ -218,24 +219,26 @@ def _exact_rank(w: Value | None, budget: list[int], memo: dict[int, int | None],
     return memo[id(w)]
 
 
-def _reduced_axes(node: Node) -> int | None:
-    """How many distinct axes a reduction that drops them names (attribute or constant
-    input); None when it names none (then it reduces every axis, or none at all)."""
+def _axes_list(node: Node) -> list[int] | None:
+    """The axes a Squeeze, Unsqueeze or reduction names: its attribute (older opsets) or
+    its constant second input; None when it names none or they are computed."""
     got = node.attr("axes")
-    if got is None and len(node.inputs) > 1:
-        got = _const_vector(node.inputs[1])
-    return len(set(int(a) for a in got)) if got else None
+    if got is not None:
+        return [int(a) for a in got]
+    return _const_vector(node.inputs[1]) if len(node.inputs) > 1 else None
+
+
+def _reduced_axes(node: Node) -> int | None:
+    """How many distinct axes a reduction that drops them names; None when it names none
+    (then it reduces every axis, or none at all)."""
+    got = _axes_list(node)
+    return len(set(got)) if got else None
 
 
 def _axes(node: Node) -> int | None:
-    """How many axes a Squeeze or Unsqueeze names (its attribute, or a constant input), or
-    None (a Squeeze without axes drops the dims that are 1, which only shapes tell)."""
-    got = node.attr("axes")
-    if got is not None:
-        return len(got)
-    if len(node.inputs) < 2 or node.inputs[1] is None:
-        return None
-    got = _const_vector(node.inputs[1])
+    """How many axes a Squeeze or Unsqueeze names, or None (a Squeeze without axes drops
+    the dims that are 1, which only shapes tell)."""
+    got = _axes_list(node)
     return None if got is None else len(got)
 
 
@@ -289,8 +292,7 @@ def stated_shape(v: Value | None, depth: int = _MAX_DEPTH) -> tuple[int, ...] | 
 def _unsqueezed(node: Node, src: tuple[int | None, ...] | None) -> tuple[int | None, ...] | None:
     """The dims of an Unsqueeze of dims ``src``: a 1 at each of its axes (attribute or
     constant input), ``src`` in order at the others."""
-    axes = node.attr("axes")
-    axes = _const_vector(node.inputs[1]) if axes is None and len(node.inputs) > 1 else axes
+    axes = _axes_list(node)
     if src is None or axes is None:
         return None
     r = len(src) + len(axes)
@@ -320,17 +322,12 @@ def _sliced_vector(node: Node, depth: int) -> tuple[int, ...] | None:
 
 
 def _const_vector(v: Value | None) -> list[int] | None:
-    """The entries of a constant integer vector (an initializer or a Constant node's)."""
-    if v is None:
+    """The entries of a constant integer vector (:func:`~onnxforge.passes.fold.constant_value`:
+    an initializer no run can override, or a Constant node's)."""
+    a = constant_value(v)
+    if a is None or a.ndim != 1 or a.dtype.name not in ("int64", "int32"):
         return None
-    c = v.const
-    if c is None:
-        p = v.producer()
-        a = p.attributes.get("value") if p is not None and p.op_type == "Constant" else None
-        c = a.value if a is not None else None
-    if not isinstance(c, Tensor) or len(c.dims) != 1 or c.dtype not in (TensorProto.INT64, TensorProto.INT32):
-        return None
-    return [int(x) for x in c.numpy().reshape(-1)]
+    return [int(x) for x in a]
 
 
 def stated_dims(v: Value | None, depth: int = _MAX_DEPTH) -> tuple[int | None, ...] | None:
