@@ -1,13 +1,18 @@
-"""Build script: maps the top-level layer folders into the ``onnxforge`` namespace
-and compiles the Cython kernels found in ``kernels_cy/``."""
+"""Build script: maps the top-level layer folders into the ``onnxforge`` namespace,
+compiles the Cython kernels found in ``kernels_cy/`` and, with Cython too, the
+pure-Python modules of ``onnxforge/_compiled.py``'s list (recording their sources'
+digests in ``onnxforge/_compiled.json``)."""
 from __future__ import annotations
 
 import glob
+import json
 import os
+import runpy
 
 import numpy
 from Cython.Build import cythonize
 from setuptools import Extension, find_packages, setup
+from setuptools.command.build_ext import build_ext
 
 LAYERS = {
     "onnxforge": "onnxforge",
@@ -51,10 +56,57 @@ def _extensions() -> list[Extension]:
     return cythonize(exts, language_level=3, quiet=True)
 
 
+def _module_source(module: str) -> str:
+    """The ``.py`` file of a dotted module name under the layer folders."""
+    for package in sorted(LAYERS, key=len, reverse=True):
+        if module.startswith(package + "."):
+            rest = module[len(package) + 1:].split(".")
+            return os.path.join(LAYERS[package], *rest) + ".py"
+    raise SystemExit(f"setup.py: {module} is in no layer folder")
+
+
+_LISTING = runpy.run_path(os.path.join("onnxforge", "_compiled.py"))
+
+
+def _compiled_python() -> list[Extension]:
+    """The listed pure-Python modules as extensions, compiled unchanged: Python semantics
+    kept (annotations are not read as C types), the generated C under build/."""
+    exts = [Extension(module, [_module_source(module)], extra_compile_args=["-O2"])
+            for module in _LISTING["MODULES"]]
+    return cythonize(exts, quiet=True, build_dir=os.path.join("build", "cython"),
+                     nthreads=os.cpu_count() or 1,
+                     compiler_directives={"language_level": 3, "annotation_typing": False})
+
+
+class _BuildExt(build_ext):
+    """build_ext that compiles on every core unless told otherwise (``-j``) and, once every
+    extension is built, records the digest of each compiled module's source beside
+    ``onnxforge/_compiled.py`` (a failed build records nothing, so no extension older than
+    its source is ever taken for current)."""
+
+    def finalize_options(self) -> None:
+        super().finalize_options()
+        if not self.parallel:
+            self.parallel = os.cpu_count() or 1
+
+    def run(self) -> None:
+        digests = {m: _LISTING["source_digest"](_module_source(m)) for m in _LISTING["MODULES"]}
+        super().run()
+        # in place (and in an editable install, whose extensions are copied beside their
+        # sources) the record goes to the source folder; in a wheel, to the built package
+        beside_source = self.inplace or getattr(self, "editable_mode", False)
+        folder = LAYERS["onnxforge"] if beside_source else os.path.join(self.build_lib, "onnxforge")
+        os.makedirs(folder, exist_ok=True)
+        with open(os.path.join(folder, _LISTING["MANIFEST"]), "w", encoding="utf-8") as fh:
+            json.dump({"modules": digests}, fh, indent=1, sort_keys=True)
+            fh.write("\n")
+
+
 packages, package_dir = _packages()
 setup(
     packages=packages,
     package_dir=package_dir,
     package_data={"onnxforge": ["py.typed"], "onnxforge.kernels_cy": ["*.h", "*.pxi", "*.pyx"]},
-    ext_modules=_extensions(),
+    ext_modules=_extensions() + _compiled_python(),
+    cmdclass={"build_ext": _BuildExt},
 )

@@ -27,6 +27,12 @@ if importlib.util.find_spec("onnxforge.proto_ext") is None:
         "for the test suite)."
     )
 
+# Before any layer module is imported: the compiled modules run only while they are as
+# new as their source (onnxforge/_compiled.py).
+from onnxforge import _compiled  # noqa: E402
+
+_compiled.install()
+
 _EXPORTS: dict[str, str] = {
     # errors
     "CodecError": "onnxforge.proto_ext.errors",
