@@ -166,13 +166,17 @@ class Value:
     def consumers(self) -> list["Node"]:
         return list(dict.fromkeys(n for n, _ in self._uses))
 
-    def replace_all_uses_with(self, other: "Value", *, outputs: bool = True) -> None:
+    def replace_all_uses_with(self, other: "Value", *, outputs: bool = True, aliases: bool = True) -> None:
         """Point every consumer of ``self`` at ``other`` (and the ``alias_of`` that named
         ``self`` on the consumers' outputs, and on the outputs of the nodes and subgraphs
         enclosing a consumer that captures ``self``); with ``outputs`` also graph outputs
-        and persistent bindings that name ``self``."""
+        and persistent bindings that name ``self``. ``aliases=False`` skips the search for
+        ``alias_of`` references: for a caller that knows the model declares none
+        (:func:`~onnxforge.graphbuilder.storage.declares_state` is False)."""
         for node, i in list(self._uses):
             node.set_input(i, other)
+            if not aliases:
+                continue
             n: Node | None = node
             while n is not None:  # the consumer and, for a subgraph capture, its owners
                 for o in n._outputs:
@@ -379,7 +383,10 @@ class _Body:
         return value
 
     def is_output(self, v: Value) -> bool:
-        return any(o is v for o in self.outputs)
+        for o in self.outputs:
+            if o is v:
+                return True
+        return False
 
     def _replace_output(self, old: Value, new: Value) -> None:
         for i, o in enumerate(self.outputs):
@@ -515,7 +522,8 @@ class Graph(_Body):
 
     def _replace_output(self, old: Value, new: Value) -> None:
         super()._replace_output(old, new)
-        self.bindings = [(i, new if o is old else o) for i, o in self.bindings]
+        if self.bindings:
+            self.bindings = [(i, new if o is old else o) for i, o in self.bindings]
 
     # -- initializers ----------------------------------------------------------------
     def add_initializer(self, value: Value, tensor: Tensor | EncodedTensor) -> Value:

@@ -576,7 +576,7 @@ class ShapesContext:
                 self._store(m, merged, f"{source} ({output.name!r} aliases {input.name!r})")
 
     def _node_aliases(self, node: Node) -> None:
-        where = _node_label(node)
+        where = _node_label(node) if node.output_alias else ""
         for al in node.output_alias:
             if al.kind != MUST_ALIAS:
                 continue

@@ -234,8 +234,12 @@ class Storage:
         """``n`` writes in place, produces an aliased or bound output, or calls / owns
         code that does: never dead, never merged, never moved across a writer."""
         if self.stateless:
-            if not n.output_alias and all(o.alias_of is None for o in n.outputs):
-                return False
+            if not n.output_alias:
+                for o in n._outputs:
+                    if o.alias_of is not None:
+                        break
+                else:
+                    return False
             self._build()  # an aliasing node made after a stateless snapshot
         hit = self._node(n)
         if hit is None:

@@ -60,6 +60,8 @@ class SymTensor:
     def of(cls, elem_type: int, values: Any, shape: Sequence[int] | None = None) -> SymTensor:
         """From a scalar, a (nested) list or an array; ``shape`` reshapes a flat list."""
         if isinstance(values, np.ndarray) and values.dtype != object and shape is None:
+            if values.dtype.kind in _NUMERIC_KINDS:
+                return _Numbers(elem_type, values)
             data = np.empty(values.size, dtype=object)
             data[:] = values.reshape(-1).tolist()  # plain Python numbers
             return cls(elem_type, data.reshape(values.shape))
@@ -107,6 +109,54 @@ class SymTensor:
 
     def __repr__(self) -> str:
         return f"SymTensor({TensorType(self.elem_type, self.shape)}, {self.data.tolist()})"
+
+
+
+_NUMERIC_KINDS = frozenset("biuf")
+
+
+class _Numbers(SymTensor):
+    """A :class:`SymTensor` every element of which is a number, kept as the numeric array
+    it was made from. Most contents the analysis seeds (initializers, folded constants) are
+    never read element by element; ``data``, the object array, is built on first use, and
+    ``shape``, ``size``, ``flat``, ``is_concrete`` and ``to_numpy`` read the numbers
+    directly. The elements are the same either way: ``tolist`` gives plain Python numbers.
+    """
+
+    __slots__ = ("_array",)
+
+    def __init__(self, elem_type: int, array: np.ndarray):
+        self.elem_type = elem_type
+        # a read-only array is never written (payload views, parsed tensors); a caller's
+        # writable one is copied, as the object array would be
+        self._array = array if not array.flags.writeable else array.copy()
+
+    def __getattr__(self, name: str) -> Any:
+        if name != "data":  # only the ``data`` slot is left unset
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        array = self._array
+        data = np.empty(array.size, dtype=object)
+        data[:] = array.reshape(-1).tolist()
+        data = data.reshape(array.shape)
+        self.data = data
+        return data
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self._array.shape)
+
+    @property
+    def size(self) -> int:
+        return int(self._array.size)
+
+    def flat(self) -> list[Any]:
+        return self._array.reshape(-1).tolist()
+
+    def is_concrete(self) -> bool:
+        return True
+
+    def to_numpy(self) -> np.ndarray:
+        return np.array(self._array, dtype=np_dtype(self.elem_type))
 
 
 def _flatten_nested(values: Any) -> tuple[list[Any], tuple[int, ...]]:

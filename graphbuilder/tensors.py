@@ -47,7 +47,8 @@ class Tensor:
         self.external = external
         self.metadata = metadata or {}
         self.extra = extra
-        self._decoded: tuple[bytes, np.ndarray] | None = None  # (proto, its array): parsed once
+        # (proto, its array) or (raw, its view, dtype): a payload is read once
+        self._decoded: tuple[Any, ...] | None = None
 
     @classmethod
     def from_numpy(cls, array: np.ndarray, name: str = "") -> "Tensor":
@@ -77,7 +78,12 @@ class Tensor:
         """
         if self.array is not None:
             return self.array
-        if self.raw is not None:
+        raw = self.raw
+        if raw is not None:
+            hit = self._decoded
+            if hit is not None and hit[0] is raw and len(hit) == 3 and hit[2] == self.dtype \
+                    and hit[1].shape == self.dims:
+                return hit[1]  # the same payload object, viewed already
             bits = BITS.get(self.dtype)
             if bits is not None and bits < 8:
                 from onnxforge.proto_ext.codecs.bits import unpack_codes
@@ -94,6 +100,7 @@ class Tensor:
             if arr.flags.writeable:
                 arr = arr.view()
                 arr.flags.writeable = False
+            self._decoded = (raw, arr, self.dtype)
             return arr
         if self.proto is not None:
             from onnxforge.proto_ext.convert import tensor_proto_to_numpy

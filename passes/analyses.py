@@ -34,7 +34,6 @@ from types import MappingProxyType
 
 from onnxforge.graphbuilder.ir import Model, Value
 from onnxforge.graphbuilder.shapes import ShapeError, ShapesContext
-from onnxforge.graphbuilder.storage import declares_state
 from onnxforge.passes.analysis import Analysis, AnalysisManager, register_analysis
 from onnxforge.passes.effects import Effects, effect_analysis
 from onnxforge.passes.invariants import containers
@@ -70,7 +69,7 @@ class ShapesAnalysis(Analysis[ShapesContext]):
         # whole) or when this manager infers the model again. The passes of a model without
         # storage ask on demand (``ShapesContext.infer_for``), so its first inference records
         # nothing.
-        memo = analyses.times_computed(self, model) > 0 or declares_state(model)
+        memo = analyses.times_computed(self, model) > 0 or not analyses.get("effects", model).stateless
         return ShapesContext(model, write_back=False, strict=False, memo=memo,
                              prior=prior if isinstance(prior, ShapesContext) else None).infer_graph()
 
@@ -120,8 +119,9 @@ class EffectsAnalysis(Analysis[Effects]):
         return effect_analysis(model)
 
     def fingerprint(self, result: Effects) -> Hashable:
-        """Roots and versions of the aliased values (writers and side effects follow them)."""
-        return frozenset((id(v), id(r), result.version(v)) for v, r in result.aliased().items())
+        """Whether the model declares storage, and the roots and versions of the aliased
+        values (writers and side effects follow them)."""
+        return result.stateless, frozenset((id(v), id(r), result.version(v)) for v, r in result.aliased().items())
 
 
 def _aliasable_values(model: Model) -> Iterator[Value]:

@@ -33,7 +33,7 @@ from onnx import TensorProto
 
 from onnxforge.graphbuilder.ir import Attr, AttrType, Function, Graph, Model, Node
 from onnxforge.graphbuilder.tensors import Tensor
-from onnxforge.passes.effects import effect_analysis
+from onnxforge.passes.effects import Effects, effect_analysis
 from onnxforge.passes.invariants import is_nondeterministic
 from onnxforge.passes.manager import Pass, PassResult, register_pass
 from onnxforge.passes.rename import can_replace, erase_node, replace_value
@@ -113,8 +113,8 @@ def _same_tensors(a: Node, b: Node) -> bool:
 
 
 class _CSE:
-    def __init__(self, model: Model):
-        self.effects = effect_analysis(model)
+    def __init__(self, model: Model, effects: Effects | None = None):
+        self.effects = effect_analysis(model) if effects is None else effects
         self.removed = 0
 
     def run(self, c: Graph | Function, table: MutableMapping[tuple, Node]) -> None:
@@ -144,9 +144,10 @@ class _CSE:
             self.removed += 1
 
 
-def eliminate_common_subexpressions(model: Model) -> int:
-    """Merge duplicate computations in every graph, subgraph and function; returns how many."""
-    cse = _CSE(model)
+def eliminate_common_subexpressions(model: Model, *, effects: Effects | None = None) -> int:
+    """Merge duplicate computations in every graph, subgraph and function; returns how many.
+    ``effects``: the model's current :class:`~onnxforge.passes.effects.Effects` when the caller has it (default: computed here)."""
+    cse = _CSE(model, effects)
     cse.run(model.graph, {})
     for fn in model.functions.values():
         cse.run(fn, {})
@@ -158,8 +159,9 @@ class CommonSubexpressionEliminationPass(Pass):
     """Merge nodes computing the same values (see the module docstring)."""
 
     name = "cse"
+    declares_storage = False
     runs_after = ("topological_sort", "dedup_initializers", "constant_folding",
                   "identity_elimination", "inline")
 
     def call(self, model: Model) -> PassResult:
-        return PassResult(model, eliminate_common_subexpressions(model) > 0)
+        return PassResult(model, eliminate_common_subexpressions(model, effects=self.analyses.get("effects", model)) > 0)

@@ -90,9 +90,11 @@ def _unused_functions(model: Model) -> int:
 
 
 def eliminate_dead_code(model: Model, *, remove_encoded_initializers: bool = False,
-                        remove_functions: bool = True) -> int:
-    """Remove dead nodes, unused initializers and unused local functions; returns how many."""
-    effects = effect_analysis(model)
+                        remove_functions: bool = True, effects: Effects | None = None) -> int:
+    """Remove dead nodes, unused initializers and unused local functions; returns how many.
+    ``effects``: the model's current :class:`~onnxforge.passes.effects.Effects` when the caller has it (default: computed here)."""
+    if effects is None:
+        effects = effect_analysis(model)
     removed = _sweep(model.graph, effects)
     for fn in model.functions.values():
         removed += _sweep(fn, effects)
@@ -114,6 +116,7 @@ class DeadCodeEliminationPass(Pass):
     """
 
     name = "dce"
+    declares_storage = False
     runs_after = ("inline", "constant_folding", "identity_elimination", "cse",
                   "dedup_initializers", "rewrite")
 
@@ -123,5 +126,6 @@ class DeadCodeEliminationPass(Pass):
 
     def call(self, model: Model) -> PassResult:
         n = eliminate_dead_code(model, remove_encoded_initializers=self.remove_encoded_initializers,
-                                remove_functions=self.remove_functions)
+                                remove_functions=self.remove_functions,
+                                effects=self.analyses.get("effects", model))
         return PassResult(model, n > 0)

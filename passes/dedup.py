@@ -172,6 +172,7 @@ class DeduplicateInitializersPass(Pass):
     """Merge initializers holding the same bytes with the same meaning (module docstring)."""
 
     name = "dedup_initializers"
+    declares_storage = False
     runs_after = ("constant_folding",)
 
     def call(self, model: Model) -> PassResult:

@@ -49,7 +49,7 @@ from onnxforge.graphbuilder.ir import (
 )
 from onnxforge.graphbuilder.tensors import EncodedTensor, Tensor, onnx_dtype
 from onnxforge.passes.domains import DEFAULT_DOMAINS, imported_version, opsets_in_scope
-from onnxforge.passes.effects import effect_analysis
+from onnxforge.passes.effects import Effects, effect_analysis
 from onnxforge.passes.fold_eval import evaluate
 from onnxforge.passes.invariants import is_nondeterministic
 from onnxforge.passes.manager import Pass, PassResult, check_int_option, register_pass
@@ -259,9 +259,9 @@ def _predicted_elements(node: Node, arrays: list[np.ndarray | None]) -> int | No
 
 class _Folder:
     def __init__(self, model: Model, *, fold: bool, lift: bool, max_output_bytes: int,
-                 max_input_bytes: int, max_growth_bytes: int = 1024):
+                 max_input_bytes: int, max_growth_bytes: int = 1024, effects: Effects | None = None):
         self.model = model
-        self.effects = effect_analysis(model)
+        self.effects = effect_analysis(model) if effects is None else effects
         self.fold = fold
         self.lift = lift
         self.max_output_bytes = max_output_bytes
@@ -369,7 +369,7 @@ class _Folder:
                 return False
         for old, new in zip(node.outputs, hit):
             if new is not None:
-                old.replace_all_uses_with(new, outputs=False)
+                old.replace_all_uses_with(new, outputs=False, aliases=not self.effects.stateless)
         erase_node(node)
         self.changed += 1
         return True
@@ -389,7 +389,7 @@ class _Folder:
             if c.is_output(old) and old.type is not None:
                 new.type = old.type
             old.name = ""
-            old.replace_all_uses_with(new, outputs=True)
+            old.replace_all_uses_with(new, outputs=True, aliases=not self.effects.stateless)
             made.append(new)
             if isinstance(home, Graph):
                 home.add_initializer(new, t)
@@ -420,7 +420,7 @@ class _Folder:
             if old.type is not None and g.is_output(old):
                 new.type = old.type
             old.name = ""
-            old.replace_all_uses_with(new, outputs=True)
+            old.replace_all_uses_with(new, outputs=True, aliases=not self.effects.stateless)
             g.add_initializer(new, copy_tensor(t))  # the attribute's record may be shared
         g.remove(node, safe=False)
         self.changed += 1
@@ -484,19 +484,22 @@ def _run(model: Model, **options: Any) -> int:
 
 
 def fold_constants(model: Model, *, lift: bool = True, max_output_bytes: int = 1 << 24,
-                   max_input_bytes: int = 1 << 26, max_growth_bytes: int = 1024) -> int:
+                   max_input_bytes: int = 1 << 26, max_growth_bytes: int = 1024,
+                   effects: Effects | None = None) -> int:
     """Fold constant nodes (and lift Constant nodes with ``lift``); returns how many nodes went.
 
     A fold whose results are larger, by more than ``max_growth_bytes``, than the constants it
     leaves unread is not made: folding never makes a model file grow by more than that per
-    node (``Transpose(W)`` of a weight ``W`` that other nodes read stays a node)."""
+    node (``Transpose(W)`` of a weight ``W`` that other nodes read stays a node).
+    ``effects``: the model's current :class:`~onnxforge.passes.effects.Effects` when the caller has it (default: computed here)."""
     return _run(model, fold=True, lift=lift, max_output_bytes=max_output_bytes,
-                max_input_bytes=max_input_bytes, max_growth_bytes=max_growth_bytes)
+                max_input_bytes=max_input_bytes, max_growth_bytes=max_growth_bytes, effects=effects)
 
 
-def lift_constants(model: Model) -> int:
-    """Turn every ``Constant`` node of a graph into an initializer; returns how many."""
-    return _run(model, fold=False, lift=True, max_output_bytes=0, max_input_bytes=0)
+def lift_constants(model: Model, *, effects: Effects | None = None) -> int:
+    """Turn every ``Constant`` node of a graph into an initializer; returns how many.
+    ``effects``: the model's current :class:`~onnxforge.passes.effects.Effects` when the caller has it (default: computed here)."""
+    return _run(model, fold=False, lift=True, max_output_bytes=0, max_input_bytes=0, effects=effects)
 
 
 @register_pass
@@ -511,6 +514,7 @@ class ConstantFoldingPass(Pass):
     """
 
     name = "constant_folding"
+    declares_storage = False
     runs_after = ("inline",)
 
     def __init__(self, *, lift: bool = True, max_output_bytes: int = 1 << 24,
@@ -526,7 +530,8 @@ class ConstantFoldingPass(Pass):
     def call(self, model: Model) -> PassResult:
         n = fold_constants(model, lift=self.lift, max_output_bytes=self.max_output_bytes,
                            max_input_bytes=self.max_input_bytes,
-                           max_growth_bytes=self.max_growth_bytes)
+                           max_growth_bytes=self.max_growth_bytes,
+                           effects=self.analyses.get("effects", model))
         return PassResult(model, n > 0)
 
 
@@ -539,7 +544,8 @@ class LiftConstantsPass(Pass):
     """
 
     name = "lift_constants"
+    declares_storage = False
     runs_after = ("inline",)
 
     def call(self, model: Model) -> PassResult:
-        return PassResult(model, lift_constants(model) > 0)
+        return PassResult(model, lift_constants(model, effects=self.analyses.get("effects", model)) > 0)

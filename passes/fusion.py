@@ -233,7 +233,8 @@ FUSION_RULES: RuleTable = RuleTable([*_conv_rules(), *_gemm_rules(), *REPEAT_KV_
 (:data:`~onnxforge.passes.attention_fusion.REPEAT_KV_RULES`)."""
 
 
-def fuse(model: Model, shapes: ShapesContext | LazyShapes | None = None) -> int:
+def fuse(model: Model, shapes: ShapesContext | LazyShapes | None = None, *,
+         effects: Effects | None = None) -> int:
     """Apply :data:`FUSION_RULES` to a fixed point (and, in a model importing opset 23 or
     newer, :data:`~onnxforge.passes.opset23.ROTARY_RULES`); new weights become
     initializers. Returns the number of fusions."""
@@ -242,7 +243,7 @@ def fuse(model: Model, shapes: ShapesContext | LazyShapes | None = None) -> int:
     table = FUSION_RULES
     if (imported_version(model.opset_imports, "") or 0) >= 23:
         table = table + ROTARY_RULES
-    return apply_rules(model, table, shapes=shapes, lift=True)
+    return apply_rules(model, table, shapes=shapes, lift=True, effects=effects)
 
 
 @register_pass
@@ -254,6 +255,7 @@ class FusionPass(Pass):
     """
 
     name = "fusion"
+    declares_storage = False
     runs_after = ("inline", "constant_folding")
 
     def call(self, model: Model) -> PassResult:
@@ -262,7 +264,7 @@ class FusionPass(Pass):
             # MatMul + Add -> Gemm asks for a rank: a model inferred whole is inferred before
             # Conv fusions rebuild their nodes, so that the inference replays them
             shapes.prefetch()
-        return PassResult(model, fuse(model, shapes) > 0)
+        return PassResult(model, fuse(model, shapes, effects=self.analyses.get("effects", model)) > 0)
 
 
 def _gemm_candidate(model: Model) -> bool:
@@ -501,6 +503,7 @@ class SliceSplitPass(Pass):
     """
 
     name = "slice_split"
+    declares_storage = False
     # after the first constant folding (Slice bounds are constants by then), and before the
     # last one, which folds a Split of a weight without growing the model
     runs_after = ("inline",)

@@ -71,6 +71,7 @@ class IdentityEliminationPass(Pass):
     """Remove ``Identity`` nodes, forwarding their input (see the module docstring)."""
 
     name = "identity_elimination"
+    declares_storage = False
     runs_after = ("inline",)
 
     def call(self, model: Model) -> PassResult:

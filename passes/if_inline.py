@@ -165,10 +165,10 @@ class _IfInliner:
         return True
 
 
-def inline_constant_ifs(model: Model) -> int:
+def inline_constant_ifs(model: Model, *, effects: Effects | None = None) -> int:
     """Inline every ``If`` with a constant condition (see the module docstring);
-    returns how many were inlined."""
-    inliner = _IfInliner(model, effect_analysis(model))
+    returns how many were inlined. ``effects``: the model's current :class:`~onnxforge.passes.effects.Effects` when the caller has it (default: computed here)."""
+    inliner = _IfInliner(model, effect_analysis(model) if effects is None else effects)
     inliner.run(model.graph)
     for fn in model.functions.values():
         inliner.run(fn)
@@ -184,8 +184,9 @@ class IfInlinePass(Pass):
     """
 
     name = "if_inlining"
+    declares_storage = False
     runs_after = ("inline",)
 
     def call(self, model: Model) -> PassResult:
-        return PassResult(model, inline_constant_ifs(model) > 0)
+        return PassResult(model, inline_constant_ifs(model, effects=self.analyses.get("effects", model)) > 0)
 

@@ -260,6 +260,7 @@ class InlinePass(Pass):
     """
 
     name = "inline"
+    declares_storage = False
 
     def __init__(self, functions: Iterable[FunctionId] | None = None, *, remove_inlined: bool = True,
                  max_depth: int = 64):

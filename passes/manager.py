@@ -114,6 +114,13 @@ class Pass:
     pass breaks, :data:`ALL` by default; ``preserves``: analyses that stay valid
     whatever ``invalidates`` says. ``analyses``: the analysis manager to read
     from during :meth:`call` (set by the pass manager, or fresh for a lone run).
+
+    ``declares_storage``: the pass may give a model storage it did not declare before
+    (an ``alias_of``, an ``output_alias``, a READ_WRITE input or a persistent binding).
+    A pass that never does (False) leaves a model that declares no storage without any,
+    so the ``effects`` analysis of such a model (every value owns its storage, no node
+    has effects) stays valid across it, whatever else it changes. True by default; the
+    pass manager's debug mode checks the claim (a kept result must match a fresh one).
     """
 
     name: str = ""
@@ -123,6 +130,7 @@ class Pass:
     runs_after: tuple[str, ...] = ()
     runs_before: tuple[str, ...] = ()
     analyses: AnalysisManager | None = None
+    declares_storage: bool = True
 
     def call(self, model: Model) -> PassResult:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -297,6 +305,15 @@ class PassManager:
         if violations:
             raise InvariantError(pass_name, previous, violations)
 
+    def _preserved(self, p: Pass, model: Model) -> tuple[str, ...] | AllAnalyses:
+        """What ``p``'s change leaves valid: its ``preserves``, and the ``effects`` of a model
+        that declares no storage when ``p`` never declares any."""
+        kept = p.preserves
+        if p.declares_storage or isinstance(kept, AllAnalyses) or "effects" in kept:
+            return kept
+        fx = self.analyses.cached("effects", model)
+        return (*kept, "effects") if fx is not None and fx.stateless else kept
+
     def _check_analyses(self, model: Model, p: Pass, modified: bool) -> None:
         stale = self.analyses.stale(model)
         if stale:
@@ -332,7 +349,7 @@ class PassManager:
                     p.analyses = own
                 seconds = time.perf_counter() - t0
                 if result.modified:
-                    self.analyses.invalidate(p.invalidates, preserves=p.preserves, model=model)
+                    self.analyses.invalidate(p.invalidates, preserves=self._preserved(p, model), model=model)
                 if result.modified:
                     count = _node_count(model)
                 record = PassRecord(p.name, iteration, seconds, result.modified, before, count)

@@ -202,6 +202,7 @@ class Opset23FusionPass(Pass):
     (see the module docstring); ``raise_opset`` lets it raise an older model's opset."""
 
     name = "opset23_fusion"
+    declares_storage = False
     runs_after = ("inline",)
 
     def __init__(self, raise_opset: bool = False):

@@ -344,12 +344,13 @@ class _Matcher:
 
 
 class _Driver:
-    def __init__(self, model: Model, table: RuleTable, shapes: ShapesContext | LazyShapes | None = None):
+    def __init__(self, model: Model, table: RuleTable, shapes: ShapesContext | LazyShapes | None = None,
+                 effects: Effects | None = None):
         self.model = model
         self.table = table
         self.shapes = shapes
         self.made_constants = False
-        self.effects = effect_analysis(model)
+        self.effects = effect_analysis(model) if effects is None else effects
         self.matcher = _Matcher(self.effects)
         self.names = cache(partial(NameScope.from_model, model))  # built when a rule first needs it
         self.count = 0
@@ -460,7 +461,7 @@ def _as_table(table: RuleTable | Iterable[Rule] | None) -> RuleTable:
 
 def apply_rules(model: Model, table: RuleTable | Iterable[Rule] | None = None, *,
                 max_rewrites: int | None = None, shapes: ShapesContext | LazyShapes | None = None,
-                lift: bool = False) -> int:
+                lift: bool = False, effects: Effects | None = None) -> int:
     """Apply ``table`` (default :data:`DEFAULT_RULES`) everywhere until no rule applies.
 
     ``shapes`` (the ``shapes`` analysis of ``model`` before rewriting) answers the
@@ -468,18 +469,18 @@ def apply_rules(model: Model, table: RuleTable | Iterable[Rule] | None = None, *
     fall back to their ``Value.type``. With ``lift``, the ``Constant`` nodes the rules
     made in graphs become initializers. Returns the number of rewrites; raises
     :class:`RewriteError` past ``max_rewrites`` (default: 10 per node of the model
-    plus 1000).
+    plus 1000). ``effects``: the model's current :class:`~onnxforge.passes.effects.Effects` when the caller has it (default: computed here).
     """
     table = _as_table(table)
     if not len(table):
         return 0
-    drv = _Driver(model, table, shapes)
+    drv = _Driver(model, table, shapes, effects)
     all_c = list(containers(model))
     limit = max_rewrites if max_rewrites is not None else 10 * sum(len(c) for c in all_c) + 1000
     for c in all_c:
         drv.run(c, limit)
     if lift and drv.made_constants:
-        lift_constants(model)
+        lift_constants(model, effects=drv.effects)
     return drv.count
 
 
@@ -874,8 +875,11 @@ class RewritePass(Pass):
             check_int_option(self.name, "max_rewrites", max_rewrites, 0)
         self.table = _as_table(table)
         self.max_rewrites = max_rewrites
+        # the default rules make no storage; a caller's rules may (CacheUpdate, aliases...)
+        self.declares_storage = table is not None
 
     def call(self, model: Model) -> PassResult:
         shapes = LazyShapes(self.analyses, model)
         return PassResult(model, apply_rules(model, self.table, max_rewrites=self.max_rewrites,
-                                             shapes=shapes, lift=True) > 0)
+                                             shapes=shapes, lift=True,
+                                             effects=self.analyses.get("effects", model)) > 0)

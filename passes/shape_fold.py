@@ -393,14 +393,17 @@ class LazyShapes:
         return t.shape if isinstance(t, (TensorType, SparseTensorType)) else None
 
 
-def fold_shapes(model: Model, ctx: ShapesContext | None = None, *, max_elements: int = 128) -> int:
+def fold_shapes(model: Model, ctx: ShapesContext | None = None, *, max_elements: int = 128,
+                effects: Effects | None = None) -> int:
     """Fold the shape computations ``ctx`` (default: a fresh inference) knows exactly;
-    returns how many nodes were folded or rewritten."""
+    returns how many nodes were folded or rewritten. ``effects``: the model's current
+    :class:`~onnxforge.passes.effects.Effects` when the caller has it (default: computed
+    here)."""
     if ctx is None:
         ctx = shapes_for_rewrite(None, model)
         if ctx is None:
             return 0
-    folder = _ShapeFolder(model, ctx, effect_analysis(model), max_elements)
+    folder = _ShapeFolder(model, ctx, effect_analysis(model) if effects is None else effects, max_elements)
     for c in list(containers(model)):
         if isinstance(c, Function) or c is model.graph:
             folder.run(c)
@@ -416,6 +419,7 @@ class ShapeFoldPass(Pass):
     """
 
     name = "shape_folding"
+    declares_storage = False
     runs_after = ("inline", "topological_sort")
     runs_before = ("dce",)
 
@@ -427,4 +431,5 @@ class ShapeFoldPass(Pass):
         ctx = shapes_for_rewrite(self.analyses, model)
         if ctx is None:
             return PassResult(model, False)
-        return PassResult(model, fold_shapes(model, ctx, max_elements=self.max_elements) > 0)
+        return PassResult(model, fold_shapes(model, ctx, max_elements=self.max_elements,
+                                             effects=self.analyses.get("effects", model)) > 0)

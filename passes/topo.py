@@ -136,10 +136,14 @@ def _order(c: Container, extra: dict[int, set[int]]) -> list[Node]:
     return order
 
 
-def topological_sort(model: Model) -> bool:
-    """Sort every graph, subgraph and function body; True if any order changed."""
+def topological_sort(model: Model, *, storage: Storage | None = None) -> bool:
+    """Sort every graph, subgraph and function body; True if any order changed.
+    ``storage``: the model's current :class:`~onnxforge.graphbuilder.storage.Storage` (or
+    :class:`~onnxforge.passes.effects.Effects`) when the caller has it (default: built
+    here)."""
     changed = False
-    storage = Storage(model)
+    if storage is None:
+        storage = Storage(model)
     if storage.stateless and in_order_throughout(model.graph) and all(
             in_order_throughout(f) for f in model.functions.values()):
         return False  # the usual case, recognised in one walk of every graph
@@ -153,6 +157,7 @@ class TopologicalSortPass(Pass):
     """Stable topological sort respecting in-place writes (see the module docstring)."""
 
     name = "topological_sort"
+    declares_storage = False
 
     def call(self, model: Model) -> PassResult:
-        return PassResult(model, topological_sort(model))
+        return PassResult(model, topological_sort(model, storage=self.analyses.get("effects", model)))

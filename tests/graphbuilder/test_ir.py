@@ -588,3 +588,26 @@ def test_a_serialized_tensor_is_parsed_once_and_read_only():
     assert second is first and len(calls) == 1 and not first.flags.writeable
     t.proto = numpy_helper.from_array(want + 1, "w").SerializeToString()  # a new payload is read anew
     np.testing.assert_array_equal(t.numpy(), want + 1)
+
+
+def test_a_raw_payload_is_viewed_once_and_again_when_it_changes() -> None:
+    t = Tensor(TensorProto.INT32, [2], raw=np.array([1, 2], dtype=np.int32).tobytes())
+    first = t.numpy()
+    assert first.tolist() == [1, 2] and not first.flags.writeable and t.numpy() is first
+    t.raw = np.array([5, 6], dtype=np.int32).tobytes()  # a new payload object
+    assert t.numpy().tolist() == [5, 6]
+    t.dims = (1, 2)  # the same payload, other dims
+    assert t.numpy().shape == (1, 2)
+    t.dtype = TensorProto.UINT32
+    assert t.numpy().dtype == np.uint32
+
+
+def test_replace_all_uses_without_the_alias_search_rewires_uses_and_outputs() -> None:
+    g = Graph("g")
+    x = g.add_input(Value("x", TensorType(TensorProto.FLOAT, (2,))))
+    a = g.append(Node("", "Neg", [x], [Value("a")])).outputs[0]
+    b = g.append(Node("", "Abs", [x], [Value("b")])).outputs[0]
+    use = g.append(Node("", "Relu", [a], [Value("c")]))
+    g.outputs.extend([a, use.outputs[0]])
+    a.replace_all_uses_with(b, aliases=False)
+    assert use.inputs[0] is b and g.outputs[0] is b and not a.num_uses()

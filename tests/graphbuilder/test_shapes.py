@@ -427,3 +427,35 @@ def test_exported_decoders_are_fully_inferred(decoder_models, variant: str) -> N
             v = values.get(name) or next(o for o in model.graph.outputs if o.name == name)
             got = tuple(d if isinstance(d, int) else d.evaluate(env) for d in ctx.shape_of(v))
             assert got == np.asarray(arr).shape, (name, ctx.type_of(v), np.asarray(arr).shape, case)
+
+
+@pytest.mark.parametrize("array", [
+    np.arange(6, dtype=np.int64).reshape(2, 3),
+    np.array(7, dtype=np.int32),
+    np.array([True, False]),
+    np.array([1.5, -0.0, np.inf], dtype=np.float16),
+    np.zeros((0, 2), dtype=np.uint8),
+])
+def test_a_content_made_from_numbers_reads_the_same_with_or_without_its_object_array(array):
+    from onnxforge.proto_ext.dtypes import onnx_dtype
+
+    st = SymTensor.of(onnx_dtype(array.dtype), array)
+    # read first from the numbers, then from the object array built on demand
+    assert st.shape == array.shape and st.size == array.size and st.is_concrete()
+    flat = st.flat()
+    assert flat == array.reshape(-1).tolist() and [type(x) for x in flat] == [type(x) for x in array.reshape(-1).tolist()]
+    np.testing.assert_array_equal(st.to_numpy(), array)
+    assert st.to_numpy().dtype == array.dtype and st.to_numpy() is not array
+    data = st.data
+    assert data.dtype == object and data.shape == array.shape
+    assert data.reshape(-1).tolist() == flat and st.data is data  # built once
+    assert st.flat() == flat and st.shape == array.shape
+
+
+def test_a_content_made_from_a_writable_array_does_not_follow_later_writes():
+    a = np.array([1, 2, 3], dtype=np.int64)
+    st = SymTensor.of(TP.INT64, a)
+    a[0] = 99
+    assert st.flat() == [1, 2, 3] and st.data.tolist() == [1, 2, 3]
+    with pytest.raises(AttributeError, match="no attribute 'elements'"):
+        st.elements  # noqa: B018  (only ``data`` is built on demand)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from onnx import TensorProto
 
-from onnxforge.graphbuilder.builder import GraphBuilder
+from onnxforge.graphbuilder.builder import READ_WRITE, GraphBuilder
 from onnxforge.graphbuilder.ir import Model, Node
 from onnxforge.passes import (
     ALL,
@@ -24,6 +24,7 @@ from onnxforge.passes import (
 )
 from onnxforge.passes.dce import DeadCodeEliminationPass
 from onnxforge.passes.liveness import LivenessAnalysis
+from onnxforge.passes.pipeline import default_pass_manager
 
 from tests.passes.helpers import FLOAT, stateful_model
 
@@ -376,3 +377,46 @@ def test_debug_mode_names_a_pass_that_leaves_a_stale_analysis():
     keep = _Probe("keep")
     PassManager([keep, _DropDead(preserves=("liveness",)), later := _Probe("later")])(_small())
     assert later.seen[0] is keep.seen[0]
+
+
+class _AddState(Pass):
+    """Makes the model's input READ_WRITE: storage the model did not declare."""
+
+    name = "add_state_for_test"
+
+    def __init__(self, *, declares_storage: bool):
+        self.declares_storage = declares_storage
+
+    def call(self, model: Model) -> PassResult:
+        model.graph.inputs[0].access = READ_WRITE
+        return PassResult(model, True)
+
+
+def test_effects_of_a_model_without_storage_outlive_passes_that_declare_none():
+    m = _small()
+    fx1, fx2 = _Probe("fx1", "effects"), _Probe("fx2", "effects")
+    pm = PassManager([fx1, "cse", "dce", fx2])
+    pm(m)
+    assert [n.op_type for n in m.graph] == ["Relu"]  # dce changed the model
+    assert fx2.seen[0] is fx1.seen[0] and pm.analyses.times_computed("effects", m) == 1
+    # the default pipeline computes them once for such a model
+    pm = default_pass_manager()
+    pm(_small())
+    assert pm.analyses.times_computed("effects", pm.analyses.model) == 1
+    # a pass that may declare storage (the default) drops them
+    p1, p2 = _Probe("p1", "effects"), _Probe("p2", "effects")
+    PassManager([p1, _Touch(), p2])(_small())
+    assert p2.seen[0] is not p1.seen[0]
+    # a model that declares storage: computed again after every change
+    s1, s2 = _Probe("s1", "effects"), _Probe("s2", "effects")
+    PassManager([s1, "dce", s2])(stateful_model())
+    assert s2.seen[0] is not s1.seen[0]
+
+
+def test_debug_mode_catches_a_pass_that_declares_storage_it_claims_not_to():
+    pm = PassManager([_Probe("fx", "effects"), _AddState(declares_storage=False)], debug=True)
+    with pytest.raises(PassError, match=r"'add_state_for_test' left stale analyses \['effects'\]"):
+        pm(_small())
+    probe = _Probe("fx_after", "effects")
+    PassManager([_Probe("fx", "effects"), _AddState(declares_storage=True), probe], debug=True)(_small())
+    assert not probe.seen[0].stateless
