@@ -69,13 +69,12 @@ def _spec(v: Value) -> ValueSpec:
 
 def _node(n: Node, path: str) -> NodeView:
     label = f"{path}({n.name!r})" if n.name else path
-    nv = NodeView(
-        path=label, name=n.name, op_type=n.op_type, domain=n.domain,
-        inputs=["" if v is None else v.name for v in n._inputs],
-        outputs=[v.name for v in n._outputs],
-        output_alias=[AliasSpec(a.output_index, a.input_index, a.kind) for a in n.output_alias]
-        if n.output_alias else [],
-        ref=n,
+    nv = NodeView(  # positionally: path, name, op_type, domain, inputs, outputs, output_alias
+        label, n.name, n.op_type, n.domain,
+        ["" if v is None else v.name for v in n._inputs],
+        [v.name for v in n._outputs],
+        [AliasSpec(a.output_index, a.input_index, a.kind) for a in n.output_alias] if n.output_alias else [],
+        None, None, n,
     )
     if not n.attributes:
         return nv

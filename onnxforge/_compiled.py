@@ -66,9 +66,11 @@ MODULES: tuple[str, ...] = (
     "onnxforge.passes.rewrite",
     "onnxforge.passes.shape_fold",
     "onnxforge.passes.stated",
-    # the static rules ``optimize`` checks its input against
+    # the static rules ``optimize`` checks its input against, their view and the type records
     "onnxforge.proto_ext.aliasing",
     "onnxforge.proto_ext.typed_data",
+    "onnxforge.proto_ext.types",
+    "onnxforge.proto_ext.view",
     "onnxforge.proto_ext.verify.catalogue_rules",
     "onnxforge.proto_ext.verify.core",
     "onnxforge.proto_ext.verify.graph_rules",

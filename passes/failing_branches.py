@@ -76,16 +76,43 @@ def live_nodes(model: Model, effects: Effects) -> frozenset[Node]:
 
 
 class _LiveNodes(Container[Node]):
-    """:func:`live_nodes`, found when first asked (a speculation asks only on an error)."""
+    """Membership in :func:`live_nodes`, decided per node asked (a speculation asks only
+    about the node that failed): forward from the node, through its readers, to an output
+    or a side effect of its graph, and then the same for the node owning that graph."""
 
     def __init__(self, model: Model, effects: Effects):
         self._model, self._effects = model, effects
-        self._nodes: frozenset[Node] | None = None
+        self._known: dict[Node, bool] = {}
 
     def __contains__(self, node: object) -> bool:
-        if self._nodes is None:
-            self._nodes = live_nodes(self._model, self._effects)
-        return node in self._nodes
+        return isinstance(node, Node) and self._live(node)
+
+    def _live(self, n: Node) -> bool:
+        known = self._known
+        hit = known.get(n)
+        if hit is not None:
+            return hit
+        known[n] = False  # what is being decided (a graph is acyclic: never asked again)
+        g = n.graph
+        if g is self._model.graph:
+            owner_live = True
+        else:  # a body runs when its owner does; a function's body is never visited
+            owner = g.parent if isinstance(g, Graph) else None
+            owner_live = owner is not None and self._live(owner)
+        live = owner_live and (self._effects.has_side_effects(n) or self._read(n, g))
+        known[n] = live
+        return live
+
+    def _read(self, n: Node, g: Graph | object) -> bool:
+        """An output of ``n`` is an output of ``g`` or is read by a live node (in ``g`` or
+        in a body nested in it)."""
+        for o in n._outputs:
+            if isinstance(g, Graph) and g.is_output(o):
+                return True
+            for m, _i in o._uses:
+                if self._live(m):
+                    return True
+        return False
 
 
 def _visit(g: Graph, live: set[Node], effects: Effects) -> set[Value]:

@@ -88,6 +88,16 @@ class TensorType:
     denotation: str = ""
     dim_denotations: tuple[str, ...] | None = None
 
+    def __init__(self, elem_type: int, shape: tuple[Dim, ...] | None = None, denotation: str = "",
+                 dim_denotations: tuple[str, ...] | None = None):
+        # the generated one, written out: this module is compiled, and shape inference
+        # makes a type at every step
+        _set = object.__setattr__
+        _set(self, "elem_type", elem_type)
+        _set(self, "shape", shape)
+        _set(self, "denotation", denotation)
+        _set(self, "dim_denotations", dim_denotations)
+
     @property
     def rank(self) -> int | None:
         return None if self.shape is None else len(self.shape)

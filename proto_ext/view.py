@@ -76,6 +76,17 @@ class NodeView:
     attributes: dict[str, Any] = field(default_factory=dict)  # scalar ints/floats/strings only
     ref: Any = None  # the IR Node this view was built from (None for a wire view)
 
+    def __init__(self, path: str, name: str, op_type: str, domain: str, inputs: list[str],
+                 outputs: list[str], output_alias: list[AliasSpec] | None = None,
+                 subgraphs: list[tuple[str, GraphView]] | None = None,
+                 attributes: dict[str, Any] | None = None, ref: Any = None):
+        # the generated one, written out: this module is compiled, and a view has one per node
+        self.path, self.name, self.op_type, self.domain = path, name, op_type, domain
+        self.inputs, self.outputs, self.ref = inputs, outputs, ref
+        self.output_alias = [] if output_alias is None else output_alias
+        self.subgraphs = [] if subgraphs is None else subgraphs
+        self.attributes = {} if attributes is None else attributes
+
 
 @dataclass(slots=True)
 class GraphView:

@@ -317,3 +317,25 @@ def test_symbolic_arithmetic_that_fails_decides_nothing(monkeypatch):
     plain = ShapesContext(m, write_back=False, strict=False)
     with pytest.raises(ShapeError, match="no closed form"):
         plain.infer_graph()
+
+
+def test_a_node_asked_about_is_live_exactly_when_the_whole_walk_finds_it(wild_models):
+    from onnxforge.graphbuilder.ir import Node
+    from onnxforge.passes.effects import effect_analysis
+    from onnxforge.passes.failing_branches import _LiveNodes, live_nodes
+
+    models = [load(squeeze_lstm(tail)) for tail in ("lstm", "reshape")]
+    models += [load(str(p)) for p in wild_models.values()]
+    for m in models:  # a dead node in the main graph, and the nodes of its body
+        g = m.graph
+        g.append(Node("", "Neg", [g.inputs[0]], ["dead_for_test"]))
+    asked = dead = 0
+    for m in models:
+        fx = effect_analysis(m)
+        whole = live_nodes(m, fx)
+        each = _LiveNodes(m, fx)
+        nodes = [n for c in containers(m) for n in c]
+        assert [n in each for n in nodes] == [n in whole for n in nodes]
+        asked += len(nodes)
+        dead += len(nodes) - len(whole)
+    assert asked > 3000 and dead >= len(models)
