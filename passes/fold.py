@@ -457,12 +457,12 @@ class _Folder:
             return  # the exact size is checked after evaluating; this guards memory
         opsets = opsets_in_scope(self.model, c)
         opset = imported_version(opsets, n.domain) or 23
-        with np.errstate(all="ignore"):
-            results = _fast(n, arrays, opset)
-            if results is None:
-                results = evaluate(n, arrays, opset)
-            if results is None:
-                results = _reference(n, arrays, opsets)
+        # (numpy's floating-point errors are ignored for the whole pass: see _run)
+        results = _fast(n, arrays, opset)
+        if results is None:
+            results = evaluate(n, arrays, opset)
+        if results is None:
+            results = _reference(n, arrays, opsets)
         if results is None or len(results) != len(n.outputs):
             return
         tensors: list[Tensor | None] = []
@@ -477,9 +477,10 @@ class _Folder:
 
 def _run(model: Model, **options: Any) -> int:
     folder = _Folder(model, **options)
-    folder.run(model.graph)
-    for fn in model.functions.values():
-        folder.run(fn)
+    with np.errstate(all="ignore"):  # an evaluation's overflow or NaN is its result, not an error
+        folder.run(model.graph)
+        for fn in model.functions.values():
+            folder.run(fn)
     return folder.changed
 
 

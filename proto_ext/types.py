@@ -90,13 +90,12 @@ class TensorType:
 
     def __init__(self, elem_type: int, shape: tuple[Dim, ...] | None = None, denotation: str = "",
                  dim_denotations: tuple[str, ...] | None = None):
-        # the generated one, written out: this module is compiled, and shape inference
-        # makes a type at every step
-        _set = object.__setattr__
-        _set(self, "elem_type", elem_type)
-        _set(self, "shape", shape)
-        _set(self, "denotation", denotation)
-        _set(self, "dim_denotations", dim_denotations)
+        # the generated one, written out through the slots (below the class): this module
+        # is compiled, and shape inference makes a type at every step
+        _TENSOR_SLOTS[0](self, elem_type)
+        _TENSOR_SLOTS[1](self, shape)
+        _TENSOR_SLOTS[2](self, denotation)
+        _TENSOR_SLOTS[3](self, dim_denotations)
 
     @property
     def rank(self) -> int | None:
@@ -106,6 +105,10 @@ class TensorType:
         dims = "?" if self.shape is None else ", ".join("?" if d is None else str(d) for d in self.shape)
         return f"{type_name(self.elem_type)}[{dims}]"
 
+
+
+_TENSOR_SLOTS = tuple(TensorType.__dict__[f].__set__ for f in ("elem_type", "shape", "denotation", "dim_denotations"))
+"""Setters of :class:`TensorType`'s slots (a frozen record is written only when made)."""
 
 @dataclass(frozen=True, slots=True)
 class SparseTensorType:
