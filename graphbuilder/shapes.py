@@ -283,12 +283,15 @@ class ShapesContext:
             a result that made fresh symbols serves only the node that made it). Only
             symbols made fresh from then on are numbered after ``prior``'s; every type
             is what a context without ``prior`` infers.
+        storage: the model's :class:`~onnxforge.graphbuilder.storage.Storage`, when the
+            caller holds one that describes the model as it is (:meth:`alias_root` reads
+            it; by default it is built when first needed).
     """
 
     def __init__(self, target: Model | Graph | Function, *, trust_declared: bool = True,
                  write_back: bool = True, strict: bool = True,
                  opset_imports: dict[str, int] | None = None, memo: bool = False,
-                 prior: ShapesContext | None = None):
+                 prior: ShapesContext | None = None, storage: Storage | None = None):
         if not isinstance(target, (Model, Graph, Function)):
             raise TypeError(f"ShapesContext needs a Model, Graph or Function, got {type(target).__name__}")
         self.model: Model | None = target if isinstance(target, Model) else None
@@ -327,6 +330,8 @@ class ShapesContext:
         self._pinned: dict[Node, list[SymTensor]] | None = None
         self._kept: Container[Node] | None = None
         self._inferred: set[Node] = set()  # the nodes :meth:`infer_for` inferred
+        if storage is not None:
+            self._storage = storage
         self.live: Container[Node] | None = None
         """Set on a speculation (a :meth:`scratch` that asks whether some types make the model
         fail): the nodes that run whenever their graph runs. An ``If`` whose condition is

@@ -69,9 +69,11 @@ class ShapesAnalysis(Analysis[ShapesContext]):
         # whole) or when this manager infers the model again. The passes of a model without
         # storage ask on demand (``ShapesContext.infer_for``), so its first inference records
         # nothing.
-        memo = analyses.times_computed(self, model) > 0 or not analyses.get("effects", model).stateless
+        effects = analyses.get("effects", model)
+        memo = analyses.times_computed(self, model) > 0 or not effects.stateless
         return ShapesContext(model, write_back=False, strict=False, memo=memo,
-                             prior=prior if isinstance(prior, ShapesContext) else None).infer_graph()
+                             prior=prior if isinstance(prior, ShapesContext) else None,
+                             storage=effects).infer_graph()
 
     def fingerprint(self, result: ShapesContext) -> Hashable:
         return frozenset((id(v), str(t)) for v, t in result.values())

@@ -367,7 +367,7 @@ class LazyShapes:
             return
         effects = am.get("effects", self._model) if am is not None else effect_analysis(self._model)
         if effects.stateless:
-            self._ctx = ShapesContext(self._model, write_back=False, strict=False)
+            self._ctx = ShapesContext(self._model, write_back=False, strict=False, storage=effects)
             self._on_demand = True
         else:
             self._ctx = shapes_for_rewrite(am, self._model)

@@ -226,10 +226,16 @@ class NodeInference:
 
     def set(self, i: int, elem: int | None, shape: Sequence[Dim] | None) -> None:
         """Record output ``i`` as a tensor (``elem`` 0/None = unknown, ``shape`` None = unknown rank)."""
-        if i >= len(self.node.outputs) or (not elem and shape is None):
+        outs = self.node._outputs
+        if i >= len(outs) or (not elem and shape is None):
             return
-        self.ctx.set_type(self.node.outputs[i], TensorType(elem or 0, None if shape is None else
-                                                           tuple(as_dim(d) for d in shape)), self.label)
+        if shape is not None:
+            shape = tuple(shape)
+            for d in shape:
+                if type(d) is not int:  # what as_dim changes: symbols, strings, numpy ints
+                    shape = tuple(as_dim(d) for d in shape)
+                    break
+        self.ctx.set_type(outs[i], TensorType(elem or 0, shape), self.label)
 
     def set_type(self, i: int, t: Type) -> None:
         if i < len(self.node.outputs) and t is not None:

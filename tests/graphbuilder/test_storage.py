@@ -112,3 +112,28 @@ def test_writes_through_a_local_function_and_a_subgraph() -> None:
     assert st.has_side_effects(call)
     assert st.writes(call) == [cache]
     assert st.function_has_side_effects(m.functions[("local", "append", "")])
+
+
+def test_a_shapes_context_reads_the_storage_it_is_given():
+    from onnxforge.graphbuilder.shapes import ShapesContext
+    from tests.passes.helpers import stateful_model
+
+    m = stateful_model()
+    cache = m.graph.inputs[0]
+    written = next(n for n in m.graph if n.op_type == "CacheUpdate").outputs[0]
+    given = Storage(m)
+    ctx = ShapesContext(m, write_back=False, storage=given).infer_graph()
+    assert ctx.alias_root(written) is cache is ShapesContext(m, write_back=False).alias_root(written)
+
+    class Recorder(Storage):
+        def __init__(self, model):
+            self.asked = []
+            super().__init__(model)
+
+        def root(self, v):
+            self.asked.append(v)
+            return super().root(v)
+
+    rec = Recorder(m)
+    assert ShapesContext(m, write_back=False, storage=rec).alias_root(written) is cache
+    assert rec.asked == [written]
