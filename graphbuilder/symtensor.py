@@ -100,6 +100,18 @@ class SymTensor:
     def flat(self) -> list[Any]:
         return list(self.data.reshape(-1))
 
+    def integers(self) -> list[Any] | None:
+        """The elements of a scalar or 1-D content when none is a bool or a float (each an
+        ``int``, ``SymExpr`` or ``None``), else None."""
+        if self.data.ndim > 1:
+            return None
+        out = []
+        for x in self.flat():
+            if isinstance(x, bool) or isinstance(x, float):
+                return None
+            out.append(x)
+        return out
+
     def is_concrete(self) -> bool:
         """True when every element is a plain number."""
         return all(x is not None and not isinstance(x, SymExpr) for x in self.data.reshape(-1))
@@ -154,6 +166,12 @@ class _Numbers(SymTensor):
 
     def flat(self) -> list[Any]:
         return self._array.reshape(-1).tolist()
+
+    def integers(self) -> list[Any] | None:
+        array = self._array
+        if array.ndim > 1 or (array.dtype.kind not in "iu" and array.size):
+            return None  # (bools and floats: no integers)
+        return array.reshape(-1).tolist()
 
     def is_concrete(self) -> bool:
         return True

@@ -113,7 +113,7 @@ class _IfInliner:
         for old in list(branch.all_initializers()):
             new = _clone_value(old)
             tensor = old.const
-            old.replace_all_uses_with(new, outputs=False)
+            old.replace_all_uses_with(new, outputs=False, aliases=not self.effects.stateless)
             if isinstance(c, Graph):
                 c.add_initializer(new, tensor)
             else:
@@ -132,12 +132,13 @@ class _IfInliner:
             old_node.attributes = {}  # the subgraphs belong to the clone now
             c.insert_before(node, clone)
             for o, n in zip(old_node.outputs, outs):
-                o.replace_all_uses_with(n, outputs=False)  # a move: the same computation
+                o.replace_all_uses_with(n, outputs=False, aliases=not self.effects.stateless)  # a move
                 moved[id(o)] = n
             branch.remove(old_node, safe=False)
-        order = set(c.value_info_order)
-        c.value_info_order.extend(v.name for v in moved.values()
-                                  if v.has_value_info and v.name not in order)
+        listed = [v.name for v in moved.values() if v.has_value_info]
+        if listed:
+            order = set(c.value_info_order)
+            c.value_info_order.extend(name for name in listed if name not in order)
         sources = [moved.get(id(o), o) for o in branch.outputs]
         taken: set[int] = set()
         for k, (y, src) in enumerate(zip(node.outputs, sources)):

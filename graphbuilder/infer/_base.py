@@ -164,10 +164,12 @@ class NodeInference:
         return self.input(i) is not None
 
     def type(self, i: int) -> Type:
-        return self.ctx.type_of(self.input(i))
+        ins = self._ins  # (input(i), inlined: rules ask for types all the time)
+        return self.ctx.type_of(ins[i]) if 0 <= i < len(ins) else None
 
     def tensor(self, i: int) -> TensorType | SparseTensorType | None:
-        t = self.type(i)
+        ins = self._ins
+        t = self.ctx.type_of(ins[i]) if 0 <= i < len(ins) else None
         return t if isinstance(t, (TensorType, SparseTensorType)) else None
 
     def elem(self, i: int) -> int:
@@ -187,19 +189,13 @@ class NodeInference:
         return None if v is None else len(v.shape)
 
     def value(self, i: int) -> SymTensor | None:
-        return self.ctx.value_of(self.input(i))
+        ins = self._ins
+        return self.ctx.value_of(ins[i]) if 0 <= i < len(ins) else None
 
     def ints(self, i: int) -> list[Any] | None:
         """Elements of a known scalar or 1-D integer input (each ``int``, ``SymExpr`` or ``None``)."""
         v = self.value(i)
-        if v is None or len(v.shape) > 1:
-            return None
-        out = []
-        for x in v.flat():
-            if isinstance(x, bool) or isinstance(x, float):
-                return None
-            out.append(x)
-        return out
+        return None if v is None else v.integers()
 
     def const_ints(self, i: int) -> list[int] | None:
         """Elements of a fully known scalar or 1-D integer input, else ``None``."""

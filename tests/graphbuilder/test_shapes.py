@@ -446,10 +446,13 @@ def test_a_content_made_from_numbers_reads_the_same_with_or_without_its_object_a
     assert flat == array.reshape(-1).tolist() and [type(x) for x in flat] == [type(x) for x in array.reshape(-1).tolist()]
     np.testing.assert_array_equal(st.to_numpy(), array)
     assert st.to_numpy().dtype == array.dtype and st.to_numpy() is not array
+    ints = st.integers()  # None for bools and floats (unless there are no elements)
+    assert ints == (flat if array.dtype.kind in "iu" or not array.size else None) or array.ndim > 1
     data = st.data
     assert data.dtype == object and data.shape == array.shape
     assert data.reshape(-1).tolist() == flat and st.data is data  # built once
     assert st.flat() == flat and st.shape == array.shape
+    assert SymTensor(st.elem_type, data).integers() == ints  # what the object array gives
 
 
 def test_a_content_made_from_a_writable_array_does_not_follow_later_writes():
