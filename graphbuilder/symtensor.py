@@ -126,7 +126,6 @@ class SymTensor:
         return f"SymTensor({TensorType(self.elem_type, self.shape)}, {self.data.tolist()})"
 
 
-
 _NUMERIC_KINDS = frozenset("biuf")
 
 

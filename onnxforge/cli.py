@@ -466,9 +466,27 @@ _EXAMPLES = {
 
 
 def _version() -> str:
+    """The version, and how many of the optimizer's compiled modules run compiled (one
+    edited since the build, or all under ONNXFORGE_PURE_PYTHON=1, runs from its source)."""
     from onnxforge import __version__
+    from onnxforge._compiled import COMPILED, status
 
-    return f"onnxforge {__version__}"
+    modules = status()
+    compiled = sum(1 for how in modules.values() if how == COMPILED)
+    return f"onnxforge {__version__} ({compiled} of {len(modules)} optimizer modules compiled)"
+
+
+class _VersionAction(argparse.Action):
+    """``--version``, worked out only when asked (it imports every compiled module)."""
+
+    def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS,
+                 default: str = argparse.SUPPRESS, help: str | None = None):
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: object, option_string: str | None = None) -> None:
+        print(_version())  # to stdout, as argparse's own version action does
+        parser.exit()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -478,7 +496,8 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=__doc__,
     )
-    p.add_argument("--version", action="version", version=_version())
+    p.add_argument("--version", action=_VersionAction,
+                   help="show the version and how many optimizer modules run compiled, and exit")
     p.add_argument("--traceback", action="store_true",
                    help="show the traceback of an error (errors are one line otherwise)")
     # also accepted after the command; SUPPRESS keeps a value given before it

@@ -146,7 +146,8 @@ class _CSE:
 
 def eliminate_common_subexpressions(model: Model, *, effects: Effects | None = None) -> int:
     """Merge duplicate computations in every graph, subgraph and function; returns how many.
-    ``effects``: the model's current :class:`~onnxforge.passes.effects.Effects` when the caller has it (default: computed here)."""
+    ``effects``: the model's current :class:`~onnxforge.passes.effects.Effects`
+    when the caller has it (default: computed here)."""
     cse = _CSE(model, effects)
     cse.run(model.graph, {})
     for fn in model.functions.values():
@@ -164,4 +165,5 @@ class CommonSubexpressionEliminationPass(Pass):
                   "identity_elimination", "inline")
 
     def call(self, model: Model) -> PassResult:
-        return PassResult(model, eliminate_common_subexpressions(model, effects=self.analyses.get("effects", model)) > 0)
+        effects = self.analyses.get("effects", model)
+        return PassResult(model, eliminate_common_subexpressions(model, effects=effects) > 0)

@@ -92,7 +92,8 @@ def _unused_functions(model: Model) -> int:
 def eliminate_dead_code(model: Model, *, remove_encoded_initializers: bool = False,
                         remove_functions: bool = True, effects: Effects | None = None) -> int:
     """Remove dead nodes, unused initializers and unused local functions; returns how many.
-    ``effects``: the model's current :class:`~onnxforge.passes.effects.Effects` when the caller has it (default: computed here)."""
+    ``effects``: the model's current :class:`~onnxforge.passes.effects.Effects`
+    when the caller has it (default: computed here)."""
     if effects is None:
         effects = effect_analysis(model)
     removed = _sweep(model.graph, effects)

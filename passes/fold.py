@@ -492,14 +492,16 @@ def fold_constants(model: Model, *, lift: bool = True, max_output_bytes: int = 1
     A fold whose results are larger, by more than ``max_growth_bytes``, than the constants it
     leaves unread is not made: folding never makes a model file grow by more than that per
     node (``Transpose(W)`` of a weight ``W`` that other nodes read stays a node).
-    ``effects``: the model's current :class:`~onnxforge.passes.effects.Effects` when the caller has it (default: computed here)."""
+    ``effects``: the model's current :class:`~onnxforge.passes.effects.Effects`
+    when the caller has it (default: computed here)."""
     return _run(model, fold=True, lift=lift, max_output_bytes=max_output_bytes,
                 max_input_bytes=max_input_bytes, max_growth_bytes=max_growth_bytes, effects=effects)
 
 
 def lift_constants(model: Model, *, effects: Effects | None = None) -> int:
     """Turn every ``Constant`` node of a graph into an initializer; returns how many.
-    ``effects``: the model's current :class:`~onnxforge.passes.effects.Effects` when the caller has it (default: computed here)."""
+    ``effects``: the model's current :class:`~onnxforge.passes.effects.Effects`
+    when the caller has it (default: computed here)."""
     return _run(model, fold=False, lift=True, max_output_bytes=0, max_input_bytes=0, effects=effects)
 
 

@@ -168,7 +168,9 @@ class _IfInliner:
 
 def inline_constant_ifs(model: Model, *, effects: Effects | None = None) -> int:
     """Inline every ``If`` with a constant condition (see the module docstring);
-    returns how many were inlined. ``effects``: the model's current :class:`~onnxforge.passes.effects.Effects` when the caller has it (default: computed here)."""
+    returns how many were inlined.
+    ``effects``: the model's current :class:`~onnxforge.passes.effects.Effects`
+    when the caller has it (default: computed here)."""
     inliner = _IfInliner(model, effect_analysis(model) if effects is None else effects)
     inliner.run(model.graph)
     for fn in model.functions.values():

@@ -469,7 +469,9 @@ def apply_rules(model: Model, table: RuleTable | Iterable[Rule] | None = None, *
     fall back to their ``Value.type``. With ``lift``, the ``Constant`` nodes the rules
     made in graphs become initializers. Returns the number of rewrites; raises
     :class:`RewriteError` past ``max_rewrites`` (default: 10 per node of the model
-    plus 1000). ``effects``: the model's current :class:`~onnxforge.passes.effects.Effects` when the caller has it (default: computed here).
+    plus 1000).
+    ``effects``: the model's current :class:`~onnxforge.passes.effects.Effects`
+    when the caller has it (default: computed here).
     """
     table = _as_table(table)
     if not len(table):

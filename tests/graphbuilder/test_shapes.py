@@ -443,7 +443,8 @@ def test_a_content_made_from_numbers_reads_the_same_with_or_without_its_object_a
     # read first from the numbers, then from the object array built on demand
     assert st.shape == array.shape and st.size == array.size and st.is_concrete()
     flat = st.flat()
-    assert flat == array.reshape(-1).tolist() and [type(x) for x in flat] == [type(x) for x in array.reshape(-1).tolist()]
+    plain = array.reshape(-1).tolist()
+    assert flat == plain and [type(x) for x in flat] == [type(x) for x in plain]
     np.testing.assert_array_equal(st.to_numpy(), array)
     assert st.to_numpy().dtype == array.dtype and st.to_numpy() is not array
     ints = st.integers()  # None for bools and floats (unless there are no elements)
