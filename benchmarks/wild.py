@@ -21,7 +21,9 @@ outputs must equal the original's within ``1e-5 * max(1, largest magnitude)``.
 A cell is marked ``!diff`` when an output changed, ``!fail`` when the tool raised
 or its model does not load, and ``!size`` when the file grew beyond 1.01x; the
 reasons are listed under the table. The last column is onnxforge's node count
-divided by the fewest nodes of a peer whose output is correct.
+divided by the fewest nodes of a peer whose output is correct. A line above the table
+says how many of onnxforge's optimizer modules ran compiled (one edited since the
+build runs from its source, slower).
 """
 from __future__ import annotations
 
@@ -307,6 +309,10 @@ def main(argv: list[str] | None = None) -> int:
         for name, path, feeds in corpus:
             print(f"[wild] {name} ...", file=sys.stderr, flush=True)
             rows.append(measure(name, path, feeds, tools, max(1, args.repeat), Path(tmp)))
+    if "onnxforge" in tools:  # a module running from its source is slower: say which build ran
+        from onnxforge._compiled import summary
+
+        print(f"onnxforge {of.__version__}: {summary()}")
     print(render(rows, tools))
     if args.json:
         Path(args.json).write_text(json.dumps([asdict(r) for r in rows], indent=2) + "\n")

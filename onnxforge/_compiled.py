@@ -27,7 +27,7 @@ import sys
 from collections.abc import Mapping, Sequence
 
 __all__ = ["COMPILED", "MANIFEST", "MODULES", "PURE_ENV", "SourceFinder", "install",
-           "source_digest", "status"]
+           "source_digest", "status", "summary"]
 
 MODULES: tuple[str, ...] = (
     # the IR and what every pass reads of it
@@ -165,6 +165,13 @@ def install() -> SourceFinder:
 def _runs_compiled(module: object) -> bool:
     origin = getattr(getattr(module, "__spec__", None), "origin", None) or ""
     return any(origin.endswith(s) for s in importlib.machinery.EXTENSION_SUFFIXES)
+
+
+def summary() -> str:
+    """``"N of M optimizer modules compiled"``, from :func:`status`."""
+    modules = status()
+    compiled = sum(1 for how in modules.values() if how == COMPILED)
+    return f"{compiled} of {len(modules)} optimizer modules compiled"
 
 
 def status() -> dict[str, str]:

@@ -469,11 +469,9 @@ def _version() -> str:
     """The version, and how many of the optimizer's compiled modules run compiled (one
     edited since the build, or all under ONNXFORGE_PURE_PYTHON=1, runs from its source)."""
     from onnxforge import __version__
-    from onnxforge._compiled import COMPILED, status
+    from onnxforge._compiled import summary
 
-    modules = status()
-    compiled = sum(1 for how in modules.values() if how == COMPILED)
-    return f"onnxforge {__version__} ({compiled} of {len(modules)} optimizer modules compiled)"
+    return f"onnxforge {__version__} ({summary()})"
 
 
 class _VersionAction(argparse.Action):

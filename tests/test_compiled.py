@@ -29,6 +29,7 @@ def test_every_listed_module_runs_compiled_after_the_install():
     for name in MODULES:
         origin = sys.modules[name].__spec__.origin
         assert any(origin.endswith(s) for s in importlib.machinery.EXTENSION_SUFFIXES), origin
+    assert _compiled.summary() == f"{len(MODULES)} of {len(MODULES)} optimizer modules compiled"
 
 
 def _source_of(name: str) -> Path:
