@@ -84,10 +84,7 @@ class SymTensor:
 
     @classmethod
     def from_tensor(cls, t: Tensor) -> SymTensor:
-        array = np.asarray(t.numpy())
-        if array.dtype.kind in _NUMERIC_KINDS:  # (what :meth:`of` does with it, directly)
-            return _Numbers(t.dtype, array)
-        return cls.of(t.dtype, array)
+        return cls.of(t.dtype, np.asarray(t.numpy()))
 
     @property
     def shape(self) -> tuple[int, ...]:

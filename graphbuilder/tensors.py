@@ -47,7 +47,7 @@ class Tensor:
         self.external = external
         self.metadata = metadata or {}
         self.extra = extra
-        # (proto, its array) or (raw, its view, dtype): a payload is read once
+        # (proto or raw, its array, dtype): a payload is read once
         self._decoded: tuple[Any, ...] | None = None
 
     @classmethod
@@ -81,8 +81,7 @@ class Tensor:
         raw = self.raw
         if raw is not None:
             hit = self._decoded
-            if hit is not None and hit[0] is raw and len(hit) == 3 and hit[2] == self.dtype \
-                    and hit[1].shape == self.dims:
+            if hit is not None and hit[0] is raw and hit[2] == self.dtype and hit[1].shape == self.dims:
                 return hit[1]  # the same payload object, viewed already
             bits = BITS.get(self.dtype)
             if bits is not None and bits < 8:
@@ -111,7 +110,7 @@ class Tensor:
             try:
                 arr = tensor_proto_to_numpy(self.proto)
                 arr.flags.writeable = False  # shared by every later call, like a raw payload's view
-                self._decoded = (self.proto, arr)
+                self._decoded = (self.proto, arr, self.dtype)
                 return arr
             except UnicodeDecodeError as exc:
                 raise CodecError(f"string tensor {self.name!r}: element bytes are not UTF-8 text "

@@ -168,8 +168,7 @@ class NodeInference:
         return self.ctx.type_of(ins[i]) if 0 <= i < len(ins) else None
 
     def tensor(self, i: int) -> TensorType | SparseTensorType | None:
-        ins = self._ins
-        t = self.ctx.type_of(ins[i]) if 0 <= i < len(ins) else None
+        t = self.type(i)
         return t if isinstance(t, (TensorType, SparseTensorType)) else None
 
     def elem(self, i: int) -> int:
