@@ -152,7 +152,8 @@ def _genai_time(folder: Path, ctx: int, vocab: int, warm: int, steps: int) -> fl
 
 def node_overhead_us(n: int = 400, repeat: int = 200) -> float:
     """µs per step of the run loop over an ``n``-step plan whose kernels return their input."""
-    from onnxforge.kernels_cy.plan import Counters, Program
+    from onnxforge.kernels_cy.plan import Program
+    from onnxforge.kernels_cy.runctx import RunContext
 
     class Empty:
         def run(self, x: Any) -> Any:
@@ -162,13 +163,13 @@ def node_overhead_us(n: int = 400, repeat: int = 200) -> float:
     prog = Program(n + 1, [None] * (n + 1), [k.run] * n, ["empty"] * n, [[i] for i in range(n)],
                    [[i + 1] for i in range(n)], [[i] for i in range(n)], [[] for _ in range(n)],
                    [[False] for _ in range(n)], list(range(n + 1)), [0], [n])
-    mem = Counters()
+    ctx = RunContext()
     x = np.zeros(1, np.float32)
     best = float("inf")
     for _ in range(5):
         t0 = time.perf_counter()
         for _ in range(repeat):
-            prog.run([x], mem)
+            prog.run([x], ctx)
         best = min(best, (time.perf_counter() - t0) / repeat)
     return best / n * 1e6
 

@@ -508,9 +508,10 @@ cdef class GqaOneToken:
     Python in between. Operands of any other form go to ``fallback`` (the kernel's
     general path, which checks them and raises its errors).
 
-    ``shared``: present aliases past (the caches are written in place); ``floors(past_k,
-    past_v, position, 1)`` checks the write against the published lengths and returns the
-    run's length record, ``wrote(record, k, v, length)`` records the new length. Otherwise
+    It is called with the run's context first (``ctx``, which it hands on). ``shared``:
+    present aliases past (the caches are written in place); ``floors(ctx, past_k, past_v,
+    position, 1)`` checks the write against the published lengths and returns the run's
+    length record, ``wrote(record, k, v, length)`` records the new length. Otherwise
     present is a new ``[1, Hkv, max(total, capacity), D]`` buffer holding the past's first
     ``position`` rows, the new row and zeros after it, as the general path makes it."""
 
@@ -536,16 +537,16 @@ cdef class GqaOneToken:
         self.wrote = wrote
         self.where = where
 
-    def __call__(self, q, k=None, v=None, past_k=None, past_v=None, seqlens_k=None, total_len=None,
+    def __call__(self, ctx, q, k=None, v=None, past_k=None, past_v=None, seqlens_k=None, total_len=None,
                  cos_cache=None, sin_cache=None, position_ids=None, attention_bias=None, head_sink=None):
         if position_ids is None and attention_bias is None and head_sink is None:
-            got = self._step(q, k, v, past_k, past_v, seqlens_k, total_len, cos_cache, sin_cache)
+            got = self._step(ctx, q, k, v, past_k, past_v, seqlens_k, total_len, cos_cache, sin_cache)
             if got is not None:
                 return got
-        return self.fallback(q, k, v, past_k, past_v, seqlens_k, total_len, cos_cache, sin_cache,
+        return self.fallback(ctx, q, k, v, past_k, past_v, seqlens_k, total_len, cos_cache, sin_cache,
                              position_ids, attention_bias, head_sink)
 
-    cdef object _step(self, q, k, v, past_k, past_v, seqlens_k, total_len, cos_cache, sin_cache):
+    cdef object _step(self, ctx, q, k, v, past_k, past_v, seqlens_k, total_len, cos_cache, sin_cache):
         """The decode step, or None when the operands need the general path."""
         cdef Py_ssize_t nq = self.nq, nkv = self.nkv, W, D, cap, plen, half = 0, h
         cdef int64_t seqk, total
@@ -605,7 +606,7 @@ cdef class GqaOneToken:
                                       f"capacity {cap}")
             if not cnp.PyArray_ISWRITEABLE(pka) or not cnp.PyArray_ISWRITEABLE(pva):
                 return None
-            record = self.floors(past_k, past_v, position, 1)
+            record = self.floors(ctx, past_k, past_v, position, 1)
             pk, pv = pka, pva
         else:
             plen = total if total > cap else cap

@@ -260,9 +260,9 @@ def swiglu_row(x, wg, wu, out, int threads=1):
 
 
 cdef class OneRowSwiGLU:
-    """A fused gated unit's call ``(x, wg, wu)``: a float32 row with two 2-D float32 weights
-    of one shape runs :func:`swiglu_row` with no Python in between; anything else goes to
-    ``fallback(x, wg, wu)``."""
+    """A fused gated unit's call ``(ctx, x, wg, wu)`` (``ctx``: the run's context): a float32
+    row with two 2-D float32 weights of one shape runs :func:`swiglu_row` with no Python in
+    between; anything else goes to ``fallback(ctx, x, wg, wu)``."""
 
     cdef int threads
     cdef object fallback
@@ -271,7 +271,7 @@ cdef class OneRowSwiGLU:
         self.threads = threads
         self.fallback = fallback
 
-    def __call__(self, x, wg, wu):
+    def __call__(self, ctx, x, wg, wu):
         cdef cnp.ndarray xa, ga, ua, out
         cdef cnp.npy_intp dims[32]
         cdef int nd, i
@@ -296,4 +296,4 @@ cdef class OneRowSwiGLU:
                                  ua.strides[0] // 4 if K > 1 else N, <float*>cnp.PyArray_DATA(out), K, N,
                                  self.threads)
                     return out
-        return self.fallback(x, wg, wu)
+        return self.fallback(ctx, x, wg, wu)

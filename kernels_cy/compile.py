@@ -30,7 +30,8 @@ from onnxforge.graphbuilder.tensors import EncodedTensor, Tensor
 from onnxforge.kernels_cy.errors import BackendError, UnsupportedOperatorError
 from onnxforge.kernels_cy.fused import Fused, SwiGLU, find_swiglu
 from onnxforge.kernels_cy.ops.base import REGISTRY, Kernel, NodeSpec, norm_domain
-from onnxforge.kernels_cy.plan import Counters, Program
+from onnxforge.kernels_cy.plan import Program
+from onnxforge.kernels_cy.runctx import RunContext
 from onnxforge.passes.topo import CycleError
 from onnxforge.passes.topo import schedule as topo_schedule
 from onnxforge.proto_ext.errors import OnnxforgeError
@@ -129,12 +130,11 @@ def _node_path(node: Node) -> str:
 class Compiler:
     """Compiles the graphs of one model; shared by the sub-plans of its subgraphs."""
 
-    def __init__(self, model: Model, *, mem: Counters, fallback: str | None = None,
+    def __init__(self, model: Model, *, fallback: str | None = None,
                  effects: Any = None, fold: bool = True, threads: int = 1, fuse: bool = True):
         if fallback not in (None, "reference"):
             raise BackendError(f"fallback must be None or 'reference', got {fallback!r}")
         self.model = model
-        self.mem = mem
         self.fallback = fallback
         self.fold = fold
         self.fuse = fuse  # plan-time fusions (kernels_cy.fused)
@@ -284,7 +284,9 @@ class Compiler:
         group_list = [group.get(s, s) for s in range(n_slots)]
         program = Program(n_slots, template, [st[0].run for st in steps], [st[3] for st in steps],
                           [st[1] for st in steps], [st[2] for st in steps], releases, frees,
-                          [st[4] for st in steps], group_list, input_slots, out_slots)
+                          [st[4] for st in steps], group_list, input_slots, out_slots,
+                          [bool(getattr(st[0], "uses_context", False)) for st in steps],
+                          [bool(getattr(st[0], "views_input", False)) and not any(st[4]) for st in steps])
         return CompiledGraph(program, list(body.inputs), list(body.outputs), list(captured),
                              num_nodes=len(order),
                              steps=[(st[3], tuple(st[1]), tuple(st[2]), tuple(r)) for st, r in zip(steps, releases)],
@@ -361,7 +363,7 @@ class Compiler:
                 r = root(w)
                 for v in sorted(view_src):
                     if born[v] < k < last.get(v, -1) and root(v) == r:
-                        kern = Materialize(self.mem)
+                        kern = Materialize()
                         out.append((kern, [v, r], [v], f"materialize {v} before {st[3]}", [False], st[5]))
             out.append(st)
         return out
@@ -403,7 +405,7 @@ class Compiler:
             output_types=[v.type for v in node.outputs],
             present=tuple(v is not None and v.name != "" for v in ins),
             outputs_used=tuple(v.num_uses() > 0 or v.is_graph_output() for v in node.outputs),
-            mem=self.mem, subgraph=subgraph,
+            subgraph=subgraph,
             aliases=tuple((a.output_index, a.input_index) for a in node.output_alias if a.kind == 1),
             threads=self.threads)
 
@@ -452,7 +454,10 @@ class Compiler:
                 args.append(consts[id(v)])
             else:  # Shape of a statically shaped value
                 args.append(np.empty(_static_shape(v), dtype=np.uint8))
-        res = kern.run(*args)
+        if getattr(kern, "uses_context", False):
+            res = kern.run(RunContext(), *args)
+        else:
+            res = kern.run(*args)
         vals = [np.asarray(a) for a in (list(res) if len(node.outputs) > 1 else [res])]
         if any(a.dtype == object or a.size > FOLD_LIMIT for a in vals):
             return None
@@ -477,10 +482,10 @@ def _label(node: Node) -> str:
     return f"node {node.name!r} ({dom}{node.op_type})"
 
 
-def compile_model(model: Model, *, mem: Counters | None = None, fallback: str | None = None,
+def compile_model(model: Model, *, fallback: str | None = None,
                   effects: Any = None, threads: int = 1) -> tuple[CompiledGraph, Compiler]:
     """Compile ``model``'s main graph; raises UnsupportedOperatorError listing every unclaimed node."""
-    comp = Compiler(model, mem=mem or Counters(), fallback=fallback, effects=effects, threads=threads)
+    comp = Compiler(model, fallback=fallback, effects=effects, threads=threads)
     if fallback is None:
         bad = comp.unclaimed()
         if bad:

@@ -101,28 +101,28 @@ class SwiGLU(Kernel):
 
     ``steps`` are the group's own kernels' calls (MatMul g, MatMul u, Sigmoid, Mul,
     Mul) with the operand order of each Mul: the path for operands the compiled call
-    does not take. Its intermediates are counted as allocated (``mem.hold``) and
-    released when the call returns."""
+    does not take. Its intermediates are counted as allocated (the run context's
+    ``mem.hold``) and released when the call returns."""
+
+    uses_context = True
 
     def __init__(self, spec, steps: Sequence[Callable], a_first: bool, g_first: bool, threads: int):
         super().__init__(spec)
         self.mm_g, self.mm_u, self.sig, self.mul_a, self.mul_y = steps
         self.a_first = a_first
         self.g_first = g_first
-        self.mem = spec.mem
         if fast.OneRowSwiGLU is not None:
             self.run = fast.OneRowSwiGLU(threads, self._run)  # type: ignore[method-assign]
 
-    def run(self, x, wg, wu):
-        return self._run(x, wg, wu)
+    def run(self, ctx, x, wg, wu):
+        return self._run(ctx, x, wg, wu)
 
-    def _run(self, x, wg, wu):
+    def _run(self, ctx, x, wg, wu):
         g = self.mm_g(x, wg)
         u = self.mm_u(x, wu)
         s = self.sig(g)
         a = self.mul_a(g, s) if self.g_first else self.mul_a(s, g)
-        if self.mem is not None:
-            held = sum(int(np.asarray(t).nbytes) for t in (g, u, s, a))
-            self.mem.hold(held)
-            self.mem.live -= held
+        held = sum(int(np.asarray(t).nbytes) for t in (g, u, s, a))
+        ctx.mem.hold(held)
+        ctx.mem.live -= held
         return self.mul_y(a, u) if self.a_first else self.mul_y(u, a)

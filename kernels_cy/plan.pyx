@@ -5,7 +5,9 @@ A :class:`Program` is a flat list of steps built once by ``compile.py``: per ste
 bound kernel method, the integer slots it reads and writes, and the slots it
 releases afterwards. Running it touches no IR object and no dict: it fills a list
 of slots with the feeds and the constants, calls each kernel with a tuple of its
-input arrays, stores the results and drops released slots.
+input arrays (preceded by the run's context for the kernels that take it, see
+``kernels_cy/runctx.py``), stores the results and drops released slots. A program
+holds nothing a run writes, so any number of threads may run it at once.
 
 :class:`Counters` is the one allocator's bookkeeping: bytes of kernel outputs
 (``allocated``), bytes moved without computing a value (``copied``), and the peak
@@ -91,12 +93,14 @@ cdef class Program:
     cdef int[::1] free_idx
     cdef int[::1] group
     cdef unsigned char[::1] fresh  # per output (parallel to out_idx): a new buffer
+    cdef unsigned char[::1] with_ctx  # per step: the kernel takes the run's context first
+    cdef unsigned char[::1] views  # per step: a view kernel (a copy it returns is counted)
     cdef int[::1] input_slots
     cdef int[::1] output_slots
 
     def __init__(self, int n_slots, list template, list fns, list names, list ins, list outs,
                  list releases, list frees, list fresh, list group, list input_slots,
-                 list output_slots):
+                 list output_slots, list with_ctx=None, list views=None):
         if len(template) != n_slots or len(group) != n_slots:
             raise ValueError("template and group must hold one entry per slot")
         self.n_slots = n_slots
@@ -113,6 +117,16 @@ cdef class Program:
             raise ValueError("fresh needs one flag per step output")
         self.fresh = np.asarray(flat_fresh + [0], dtype=np.uint8)
         self.group = np.asarray(group, dtype=np.int32)
+        if with_ctx is None:
+            with_ctx = [False] * self.n_steps
+        if len(with_ctx) != self.n_steps:
+            raise ValueError("with_ctx needs one flag per step")
+        self.with_ctx = np.asarray([bool(f) for f in with_ctx] + [False], dtype=np.uint8)
+        if views is None:
+            views = [False] * self.n_steps
+        if len(views) != self.n_steps:
+            raise ValueError("views needs one flag per step")
+        self.views = np.asarray([bool(f) for f in views] + [False], dtype=np.uint8)
         self.input_slots = np.asarray(input_slots, dtype=np.int32)
         self.output_slots = np.asarray(output_slots, dtype=np.int32)
 
@@ -120,11 +134,16 @@ cdef class Program:
     def num_steps(self) -> int:
         return self.n_steps
 
-    def run(self, list feeds, Counters mem):
-        """Run every step; returns the graph outputs in order (a list)."""
-        cdef Py_ssize_t k, j, n, base, s
+    def run(self, list feeds, ctx, after_step=None):
+        """Run every step with the run's context ``ctx`` (a ``RunContext``: its ``mem``
+        counters are filled, kernels that take it receive it first); returns the graph
+        outputs in order (a list). ``after_step(k)`` (a test hook) is called after each
+        step ``k``; an exception it raises fails the run there."""
+        cdef Py_ssize_t k, j, n, base, s, c
         cdef long long b
         cdef object res, obj, args
+        cdef Counters mem = ctx.mem
+        cdef object hook = after_step
         cdef list slots = list(self.template)
         cdef long long* owned = <long long*>calloc(self.n_slots if self.n_slots > 0 else 1, sizeof(long long))
         if owned == NULL:
@@ -137,12 +156,16 @@ cdef class Program:
             for k in range(self.n_steps):
                 base = self.in_off[k]
                 n = self.in_off[k + 1] - base
-                args = PyTuple_New(n)
+                c = self.with_ctx[k]
+                args = PyTuple_New(n + c)
+                if c:
+                    Py_INCREF(ctx)
+                    PyTuple_SET_ITEM(args, 0, ctx)
                 for j in range(n):
                     s = self.in_idx[base + j]
                     obj = slots[s] if s >= 0 else None
                     Py_INCREF(obj)
-                    PyTuple_SET_ITEM(args, j, obj)
+                    PyTuple_SET_ITEM(args, j + c, obj)
                 try:
                     res = PyObject_Call(self.fns[k], args, NULL)
                 except BaseException as exc:
@@ -154,6 +177,8 @@ cdef class Program:
                 if n == 1:
                     s = self.out_idx[base]
                     slots[s] = res
+                    if self.views[k] and self.in_off[k + 1] > self.in_off[k] and _copied(res, args[c]):
+                        mem.materialized(_nbytes(res))
                     if self.fresh[base]:
                         b = _nbytes(res)
                         mem.allocated += b
@@ -186,9 +211,40 @@ cdef class Program:
                     s = self.free_idx[j]
                     mem.live -= owned[s]
                     owned[s] = 0
+                if hook is not None:
+                    try:
+                        hook(k)
+                    except BaseException as exc:
+                        if hasattr(exc, "add_note"):
+                            exc.add_note(f"after {self.names[k]}")
+                        raise
             return [slots[self.output_slots[j]] for j in range(self.output_slots.shape[0])]
         finally:
             free(owned)
+
+
+cdef bint _copied(object out, object src):
+    """``out`` is an array holding bytes outside the storage of the array ``src``."""
+    if not cnp.PyArray_Check(out) or not cnp.PyArray_Check(src):
+        return False
+    cdef cnp.ndarray o = <cnp.ndarray>out
+    cdef cnp.ndarray a = <cnp.ndarray>src
+    if cnp.PyArray_SIZE(o) == 0:
+        return False
+    cdef char* lo = <char*>cnp.PyArray_DATA(a)
+    cdef char* hi = lo + cnp.PyArray_ITEMSIZE(a)
+    cdef int i
+    cdef cnp.npy_intp ext
+    for i in range(cnp.PyArray_NDIM(a)):
+        if a.shape[i] == 0:
+            return True
+        ext = (a.shape[i] - 1) * a.strides[i]
+        if ext < 0:
+            lo += ext
+        else:
+            hi += ext
+    cdef char* p = <char*>cnp.PyArray_DATA(o)
+    return not (lo <= p < hi)
 
 
 def _flatten(list rows):

@@ -16,24 +16,28 @@ takes a structured value as it is, never converted: a dict of field arrays
 ``nbytes`` and ``buffer_addresses()`` (a paged cache). Kernels that pass values
 through (Identity) hand it on by owner.
 
+Threads. A session is compiled once and then read-only: its plan, constants and
+kernel objects are shared by every thread and every state, and everything one run
+writes (scratch, published and written lengths, counters, outputs) lives in that
+run's :class:`~onnxforge.kernels_cy.runctx.RunContext`. Any number of threads may call
+:meth:`InferenceSession.run` at once, and any number of states made over one session
+(``make_state(sess)``) run concurrently. A call's result is bitwise equal to the same
+call run alone with the same ``threads=``: no kernel splits its work by the number of
+pool threads it obtains. ``sess.last_run`` is the counters of the last run to finish
+(under threads, whichever that was); pass ``counters=RunCounters()`` to get one run's.
+
 Published lengths (rule R3): ``run(..., lengths=RunLengths(...))`` hands the
 kernels that write a READ_WRITE cache in place the valid length of each buffer
-after the previous successful call. Such a kernel asks :func:`current_lengths`
-for the floor of the buffer it writes, refuses a write below it before touching
-memory (:class:`CacheRangeError`), and records the buffer's new length, which the
-caller publishes only if the whole run succeeds::
-
-    ctx = current_lengths()
-    floor = ctx.floor(cache) if ctx is not None else None   # None: not tracked
-    ... check position >= floor, write ...
-    if floor is not None:
-        ctx.wrote(cache, position + n)
+after the previous successful call, through the run's context. Such a kernel asks
+``ctx.floor(cache)`` for the floor of the buffer it writes, refuses a write below it
+before touching memory (:class:`CacheRangeError`), and records the buffer's new
+length with ``ctx.wrote(cache, end)``, which the caller publishes only if the whole
+run succeeds.
 """
 from __future__ import annotations
 
 import os
-import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,76 +47,14 @@ from onnxforge.graphbuilder.ir import READ_WRITE, Model, Value
 from onnxforge.kernels_cy.compile import compile_model
 from onnxforge.kernels_cy.errors import BackendError, FeedError
 from onnxforge.kernels_cy.ops import fast
-from onnxforge.kernels_cy.plan import Counters
+from onnxforge.kernels_cy.runctx import Length, RunContext, RunLengths
 from onnxforge.kernels_cy.threads import BLAS
 from onnxforge.proto_ext.dtypes import np_dtype
 from onnxforge.proto_ext.errors import CodecError, OnnxforgeError
 from onnxforge.proto_ext.types import StructType, TensorType, type_name
 
-__all__ = ["InferenceSession", "NodeArg", "RunCounters", "RunLengths", "backend_ops", "current_lengths",
+__all__ = ["InferenceSession", "Length", "NodeArg", "RunContext", "RunCounters", "RunLengths", "backend_ops",
            "is_structured"]
-
-Length = int | tuple[int, ...]  # a buffer's valid length: one, or one per batch row
-
-
-class RunLengths:
-    """Published lengths of a state's READ_WRITE buffers, handed to one run (rule R3).
-
-    ``names`` maps ``id(buffer)`` to the bound input name, ``lengths`` the name to its
-    published length, ``addresses`` (optional) a buffer's data address to the name for
-    kernels that receive another array object over the same storage. Kernels call
-    :meth:`floor` before a write and :meth:`wrote` after it; ``written`` holds the new
-    lengths of the buffers written in this run.
-    """
-
-    __slots__ = ("_names", "_lengths", "_addresses", "written")
-
-    def __init__(self, names: Mapping[int, str], lengths: Mapping[str, Length],
-                 addresses: Mapping[int, str] | None = None):
-        self._names = names
-        self._lengths = lengths
-        self._addresses = addresses or {}
-        self.written: dict[str, Length] = {}
-
-    def _name(self, buf: Any) -> str | None:
-        name = self._names.get(id(buf))
-        if name is None and self._addresses and isinstance(buf, np.ndarray):
-            name = self._addresses.get(int(buf.__array_interface__["data"][0]))
-        return name
-
-    def floor(self, buf: Any) -> Length | None:
-        """The published length of ``buf`` (None: the buffer is not a tracked state buffer)."""
-        name = self._name(buf)
-        return None if name is None else self._lengths.get(name, 0)
-
-    def name(self, buf: Any) -> str | None:
-        """The bound input name of ``buf``, for error messages."""
-        return self._name(buf)
-
-    def wrote(self, buf: Any, length: Length) -> None:
-        """Record that this run made ``buf`` valid up to ``length`` (kept: the largest)."""
-        name = self._name(buf)
-        if name is None:
-            return
-        old = self.written.get(name)
-        if old is not None:
-            length = _max_length(old, length)
-        self.written[name] = length
-
-
-def _max_length(a: Length, b: Length) -> Length:
-    if isinstance(a, int) and isinstance(b, int):
-        return a if a > b else b
-    return tuple(int(x) for x in np.maximum(np.asarray(a), np.asarray(b)))
-
-
-_CURRENT = threading.local()
-
-
-def current_lengths() -> RunLengths | None:
-    """The :class:`RunLengths` of the run active on this thread, or None (a stateless run)."""
-    return getattr(_CURRENT, "lengths", None)
-
 
 def is_structured(x: Any) -> bool:
     """True for a structured value: a dict of field arrays, or an object with ``nbytes``
@@ -122,13 +64,20 @@ def is_structured(x: Any) -> bool:
     return not isinstance(x, np.ndarray) and hasattr(x, "nbytes") and callable(getattr(x, "buffer_addresses", None))
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class RunCounters:
-    """Counters of the last run: bytes of new buffers, payload bytes copied, peak bytes held."""
+    """Counters of one run: bytes of new buffers, payload bytes copied, peak bytes held.
+
+    ``sess.run(..., counters=c)`` fills ``c`` when the run returns (also when it fails)."""
 
     allocated_bytes: int = 0
     copied_bytes: int = 0
     peak_bytes: int = 0
+
+    def _fill(self, mem: Any) -> None:
+        self.allocated_bytes = int(mem.allocated)
+        self.copied_bytes = int(mem.copied)
+        self.peak_bytes = int(mem.peak)
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,7 +136,6 @@ class InferenceSession:
             raise BackendError(f"threads must be None or a positive int, got {threads!r}")
         self.model = _load(model)
         self.threads = threads
-        self._mem = Counters()
         effects = None
         try:
             from onnxforge.passes.effects import effect_analysis
@@ -195,7 +143,7 @@ class InferenceSession:
             effects = effect_analysis(self.model)
         except (OnnxforgeError, ValueError):  # a model the analysis refuses: plan without it
             effects = None
-        self._cg, _ = compile_model(self.model, mem=self._mem, fallback=fallback, effects=effects,
+        self._cg, _ = compile_model(self.model, fallback=fallback, effects=effects,
                                     threads=threads or os.cpu_count() or 1)
         self.fallback_nodes: list[str] = list(self._cg.fallback_nodes)
         g = self.model.graph
@@ -224,7 +172,7 @@ class InferenceSession:
     def _cg_const(self, v: Value) -> np.ndarray:
         from onnxforge.kernels_cy.compile import Compiler
 
-        return Compiler(self.model, mem=self._mem).constant(v)
+        return Compiler(self.model).constant(v)
 
     # -- introspection -------------------------------------------------------------
     def get_inputs(self) -> list[NodeArg]:
@@ -287,33 +235,37 @@ class InferenceSession:
 
     def run(self, output_names: Sequence[str] | None, feeds: Mapping[str, Any],
             run_options: Any = None, *, lengths: RunLengths | None = None,
-            trusted: frozenset[str] = frozenset()) -> list[Any]:
+            trusted: frozenset[str] = frozenset(), counters: RunCounters | None = None,
+            after_step: Callable[[int], None] | None = None) -> list[Any]:
         """Run the plan; returns the requested outputs (None: all) in order, as a list.
 
+        Safe to call from several threads at once (see the module docstring).
         ``lengths`` gives the cache-writing kernels the published length of each state
         buffer (rule R3); their new lengths are in ``lengths.written`` afterwards.
         ``trusted`` names feeds a state has already checked (its retained in-place
-        buffers): they are passed as they are."""
+        buffers): they are passed as they are. ``counters`` is filled with this run's
+        counters. ``after_step(k)`` is called after each step ``k`` of the plan (a test
+        hook for faults: an exception it raises fails the run there)."""
         if output_names is not None:
             bad = [n for n in output_names if n not in self._out_index]
             if bad:
                 raise FeedError(f"unknown output name(s) {bad}; the model's outputs are {self._outputs}")
         args = self._feeds(feeds, trusted)
-        mem = self._mem
-        mem.reset()
-        saved = BLAS.begin(self._bound)
-        outer = getattr(_CURRENT, "lengths", None)
-        _CURRENT.lengths = lengths
+        ctx = RunContext(self._bound, lengths)
+        token = BLAS.begin(self._bound)
         if fast.pool_run_begins is not None:
             fast.pool_run_begins()
         try:
-            outs = self._cg.program.run(args, mem)
+            outs = self._cg.program.run(args, ctx, after_step)
         finally:
             if fast.pool_run_ends is not None:
                 fast.pool_run_ends()
-            _CURRENT.lengths = outer
-            BLAS.end(saved)
-            self.last_run = RunCounters(int(mem.allocated), int(mem.copied), int(mem.peak))
+            BLAS.end(token)
+            mem = ctx.mem
+            last = RunCounters(int(mem.allocated), int(mem.copied), int(mem.peak))
+            self.last_run = last  # the last run to finish (racy under threads, by design)
+            if counters is not None:
+                counters._fill(mem)
         if output_names is None:
             return list(outs)
         return [outs[self._out_index[n]] for n in output_names]

@@ -92,7 +92,7 @@ from onnxforge.proto_ext.types import StructType, TensorType
 __all__ = ["Binding", "State", "StateCounters", "make_state"]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class StateCounters(RunCounters):
     """Counters of the last successful run: the session's, plus the bytes the state holds."""
 
@@ -296,9 +296,10 @@ class State:
         return out
 
     # -- running -----------------------------------------------------------------
-    def run(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
+    def run(self, feeds: Mapping[str, Any], *, after_step: Any = None) -> dict[str, Any]:
         """Run one call with ``feeds`` plus the retained values; publish the bound outputs
-        and the new lengths, all at once, only if the call succeeds."""
+        and the new lengths, all at once, only if the call succeeds. ``after_step(k)``
+        is a fault-injection hook for tests (see :meth:`InferenceSession.run`)."""
         if not self._lock.acquire(blocking=False):
             raise StateBusyError("State.run: another call is active on this state (rule R5)")
         try:
@@ -311,7 +312,9 @@ class State:
             args = dict(feeds)
             args.update(values)
             ctx = RunLengths(self._ids, self._lengths, self._addrs)
-            outs = self._session.run(None, args, lengths=ctx, trusted=self._trusted)
+            counters = RunCounters()
+            outs = self._session.run(None, args, lengths=ctx, trusted=self._trusted, counters=counters,
+                                     after_step=after_step)
             new: dict[str, Any] = {}
             for name, k, b in self._slots:
                 a = outs[k]
@@ -333,8 +336,8 @@ class State:
                     lengths[name] = 0
             self._publish(new, lengths)
             self._trusted = self._aliased  # checked by this run, and each is the object it was (R1)
-            r = self._session.last_run
-            self.last_run = StateCounters(r.allocated_bytes, r.copied_bytes, r.peak_bytes, self.cache_bytes)
+            self.last_run = StateCounters(counters.allocated_bytes, counters.copied_bytes, counters.peak_bytes,
+                                          self.cache_bytes)
             return dict(zip(self._out_names, outs))
         finally:
             self._lock.release()
@@ -680,14 +683,25 @@ def _read_saved(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, Leng
 
 def make_state(model: Any, initial: Any = None, threads: int | None = None, *,
                dims: Mapping[str, int] | None = None, lengths: Mapping[str, Length] | None = None) -> State:
-    """A :class:`State` for ``model`` (IR Model, ModelProto, bytes or path).
+    """A :class:`State` for ``model`` (an :class:`InferenceSession`, or an IR Model,
+    ModelProto, bytes or path, compiled here).
 
     ``initial``: a mapping from bound input names to arrays or structured values
     (retained without a copy; inputs left out start as zeros), a path written by
     :meth:`State.save`, or None. ``dims`` sizes the symbolic dimensions of
     zero-initialized inputs. ``lengths`` gives the published lengths of READ_WRITE
-    buffers given in ``initial`` (default 0; a saved file brings its own). Each state
-    compiles its own session, so independent states share nothing.
+    buffers given in ``initial`` (default 0; a saved file brings its own).
+
+    Given a session, the state runs on it without compiling: any number of states over
+    one session run concurrently, each from its own thread, sharing the plan, the
+    constants and the kernels (``threads`` is then the session's and must be left
+    out). Given a model, the state compiles a session of its own.
     """
-    session = InferenceSession(_load(model), threads=threads)
+    if isinstance(model, InferenceSession):
+        if threads is not None and threads != model.threads:
+            raise StateInitError(f"make_state(session, threads={threads}): the session was compiled with "
+                                 f"threads={model.threads}; a state runs with its session's bound")
+        session = model
+    else:
+        session = InferenceSession(_load(model), threads=threads)
     return State(session, _resolve(session.model), initial, dims, lengths)

@@ -14,15 +14,19 @@ through OpenBLAS's own setter, only when it changes: one thread below
 :data:`BLAS_PARALLEL_BYTES`, the session's bound otherwise (a one-row product over
 a large weight is bandwidth-bound, and two cores stream it faster than one). A session
 run calls :meth:`BlasThreads.begin` / :meth:`BlasThreads.end` so the caller's
-setting is restored when the run returns (threads=N bounds BLAS for the run).
+setting is restored when the last active run returns (threads=N bounds BLAS for the
+run). BLAS's thread count is process-wide: while more than one run is active in the
+process no run changes it (each keeps the count it finds), so concurrent runs never
+race on it.
 
-    saved = BLAS.begin(bound)      # BLAS uses at most ``bound`` threads
+    token = BLAS.begin(bound)      # BLAS uses at most ``bound`` threads (when alone)
     BLAS.want(1)                   # a small product: one thread (no call if unchanged)
-    BLAS.end(saved)                # the caller's setting again
+    BLAS.end(token)                # the caller's setting again once no run is active
 """
 from __future__ import annotations
 
 import os
+import threading
 from typing import Any
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
@@ -35,12 +39,16 @@ BLAS_PARALLEL_BYTES = 3 << 19  # ...unless its weight is this large (a one-row p
 
 
 class BlasThreads:
-    """The BLAS libraries numpy loaded, with a cached pool size (``None``: unknown)."""
+    """The BLAS libraries numpy loaded, with a cached pool size (``None``: unknown) and the
+    number of runs active in the process."""
 
     def __init__(self) -> None:
         self._libs: list[Any] | None = None
         self.current: int | None = None
         self.bound = os.cpu_count() or 1
+        self.active = 0  # runs between begin and end
+        self._saved: int | None = None  # the caller's setting before the first active run
+        self._lock = threading.Lock()
 
     def _controllers(self) -> list[Any]:
         if self._libs is None:
@@ -52,36 +60,48 @@ class BlasThreads:
                 self._libs = []
         return self._libs
 
+    def _set(self, n: int) -> None:
+        for lib in self._controllers():
+            lib.set_num_threads(n)
+        self.current = n
+
     def begin(self, bound: int) -> int | None:
-        """Start a run bounded to ``bound`` threads; returns the setting to restore."""
+        """Start a run bounded to ``bound`` threads; returns the token :meth:`end` takes."""
         libs = self._controllers()
-        if not libs:
-            return None
-        saved = int(libs[0].get_num_threads())
-        self.current = saved
-        self.bound = bound
-        if saved > bound:
-            self.want(bound)
-        return saved
+        with self._lock:
+            self.active += 1
+            if not libs:
+                return None
+            if self.active == 1:
+                saved = int(libs[0].get_num_threads())
+                self._saved = saved
+                self.current = saved
+                self.bound = bound
+                if saved > bound:
+                    self._set(bound)
+            return self._saved
 
     def want(self, n: int) -> None:
-        """Use ``min(n, bound)`` threads for the next products (a no-op when unchanged)."""
+        """Use ``min(n, bound)`` threads for the next products (a no-op when unchanged, and
+        while another run is active)."""
         n = n if n < self.bound else self.bound
-        if n != self.current:
-            for lib in self._controllers():
-                lib.set_num_threads(n)
-            self.current = n
+        if n != self.current and self.active == 1:
+            with self._lock:
+                if self.active == 1 and n != self.current:
+                    self._set(n)
 
     def for_work(self, work: int, weight_bytes: int = 0) -> None:
         """Pool size for a product of ``work`` multiply-adds over a ``weight_bytes`` operand."""
         self.want(1 if work < BLAS_PARALLEL_WORK and weight_bytes < BLAS_PARALLEL_BYTES else self.bound)
 
-    def end(self, saved: int | None) -> None:
-        """Restore the setting :meth:`begin` returned."""
-        if saved is not None and saved != self.current:
-            for lib in self._controllers():
-                lib.set_num_threads(saved)
-        self.current = saved
+    def end(self, token: int | None) -> None:
+        """A run ended: the last active run restores the caller's setting."""
+        with self._lock:
+            self.active -= 1
+            if self.active == 0 and token is not None and self._saved is not None:
+                if self._saved != self.current:
+                    self._set(self._saved)
+                self._saved = None
 
 
 BLAS = BlasThreads()

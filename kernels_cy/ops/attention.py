@@ -14,6 +14,7 @@ import numpy as np
 from onnxforge.kernels_cy.errors import CacheRangeError, KernelError
 from onnxforge.kernels_cy.ops import fast
 from onnxforge.kernels_cy.ops.base import Kernel, NodeSpec, register
+from onnxforge.kernels_cy.runctx import RunContext
 
 F32 = np.dtype(np.float32)
 
@@ -178,8 +179,6 @@ class Attention(Kernel):
             self.softmax_dtype = np_dtype(int(sp))
         self.left = spec.int("left_window_size", -1)
         self.right = spec.int("right_window_size", -1)
-        self._start = np.zeros(1, dtype=np.int64)
-        self._total = np.zeros(1, dtype=np.int64)
         if self.left < -1 or self.right < -1:
             raise spec.fail(f"window sizes must be -1 or >= 0, got {self.left}, {self.right}")
         if (fast.AttentionOneQuery is not None and not self.causal and self.softcap <= 0 and self.n_out == 1
@@ -288,11 +287,9 @@ class Attention(Kernel):
         grouped-head kernel reads K and V in place."""
         b, nq, s, h = q.shape
         t = pk.shape[2]
-        self._total[0] = t
-        self._start[0] = t - 1
         out = np.empty((b, s, nq, h), dtype=F32)
-        fast.gqa_attention(q.transpose(0, 2, 1, 3), pk, pv, self._total, out, float(scale),
-                           query_start=self._start)
+        fast.gqa_attention(q.transpose(0, 2, 1, 3), pk, pv, np.array([t], dtype=np.int64), out, float(scale),
+                           query_start=np.array([t - 1], dtype=np.int64))
         return out.reshape(b, s, nq * h) if three else out.reshape(b, nq, s, h)
 
     def _fast(self, q, pk, pv, mask, past_k, scale, three):
@@ -340,6 +337,8 @@ class GroupQueryAttention(Kernel):
     per row) is recorded for the state to publish.
     """
 
+    uses_context = True  # published lengths of the buffers it writes in place
+
     def __init__(self, spec: NodeSpec):
         super().__init__(spec)
         self.nq = spec.int("num_heads")
@@ -361,34 +360,35 @@ class GroupQueryAttention(Kernel):
         self.threads = spec.threads
         self.one_row = (fast.gqa_attention is not None and fast.rotary is not None and self.window < 0
                         and self.nq // self.nkv <= 16)
-        self._start = np.zeros(1, dtype=np.int64)  # query start and valid length of a one-row call
-        self._total = np.zeros(1, dtype=np.int64)
-        from onnxforge.kernels_cy.session import current_lengths
-
-        self._lengths = current_lengths
         if self.one_row and fast.GqaOneToken is not None:  # the compiled call for a decode step
             self.run = fast.GqaOneToken(  # type: ignore[method-assign]
                 self.nq, self.nkv, self.scale, self.softcap, self.rotary, self.interleaved, self.shared,
                 self.n_out, self.threads or 1, self._run, self._floors, self._wrote, self.spec_path)
 
-    def _floors(self, past_k, past_v, p0: object, s: int) -> object:
+    def _floors(self, ctx: RunContext, past_k, past_v, p0: object, s: int) -> object:
         """Check the in-place write at rows ``p0`` (int or [B]) against the published lengths
         of the shared buffers; returns the run's length record (None: untracked)."""
-        ctx = self._lengths()
-        if ctx is None:
+        if ctx.lengths is None:
             return None
         for buf in (past_k, past_v):
             floor = ctx.floor(buf)
             if floor is None:
                 continue
-            if isinstance(p0, int) and isinstance(floor, int):  # one row: no arrays
-                below = p0 < floor
+            nxt = ctx.next(buf)
+            if isinstance(p0, int) and isinstance(floor, int) and isinstance(nxt, int):  # one row: no arrays
+                below, gap = p0 < floor, p0 > nxt
             else:
                 below = bool(np.any(np.asarray(p0) < np.asarray(floor)))
+                gap = bool(np.any(np.asarray(p0) > np.asarray(nxt)))
             if below:
                 raise CacheRangeError(f"{self.spec_path}: writes new tokens at {np.asarray(p0).tolist()}, "
                                       f"below the published length {floor} of {ctx.name(buf)!r} "
                                       f"(rule R3: a run writes only at or above it)")
+            if gap:
+                raise CacheRangeError(f"{self.spec_path}: writes {s} new token(s) at {np.asarray(p0).tolist()} "
+                                      f"(seqlens_k + 1 - sequence length) but {ctx.name(buf)!r} holds {nxt}: "
+                                      f"the rows between would be published without being written; the "
+                                      f"attention mask must cover the published tokens plus the new ones")
         return ctx
 
     @staticmethod
@@ -404,12 +404,12 @@ class GroupQueryAttention(Kernel):
         ctx.wrote(past_k, length)
         ctx.wrote(past_v, length)
 
-    def run(self, q, k=None, v=None, past_k=None, past_v=None, seqlens_k=None, total_len=None,
+    def run(self, ctx, q, k=None, v=None, past_k=None, past_v=None, seqlens_k=None, total_len=None,
             cos_cache=None, sin_cache=None, position_ids=None, attention_bias=None, head_sink=None):
-        return self._run(q, k, v, past_k, past_v, seqlens_k, total_len, cos_cache, sin_cache, position_ids,
+        return self._run(ctx, q, k, v, past_k, past_v, seqlens_k, total_len, cos_cache, sin_cache, position_ids,
                          attention_bias, head_sink)
 
-    def _run(self, q, k=None, v=None, past_k=None, past_v=None, seqlens_k=None, total_len=None,
+    def _run(self, rctx, q, k=None, v=None, past_k=None, past_v=None, seqlens_k=None, total_len=None,
              cos_cache=None, sin_cache=None, position_ids=None, attention_bias=None, head_sink=None):
         b, s = q.shape[0], q.shape[1]
         nq, nkv = self.nq, self.nkv
@@ -428,7 +428,7 @@ class GroupQueryAttention(Kernel):
         if (b == 1 and self.one_row and q.dtype == F32 and h <= 256 and position_ids is None
                 and qs.strides[-1] == 4 and ks.strides[-1] == 4 and seqlens_k.size == 1
                 and (not self.rotary or cos_cache.dtype == F32)):
-            got = self._one_row(qs, ks, vs, past_k, past_v, int(seqlens_k.reshape(-1)[0]) + 1,
+            got = self._one_row(rctx, qs, ks, vs, past_k, past_v, int(seqlens_k.reshape(-1)[0]) + 1,
                                 int(total_len.reshape(-1)[0]), cos_cache, sin_cache)
             if got is not None:
                 return got
@@ -441,7 +441,7 @@ class GroupQueryAttention(Kernel):
             if np.any(past_len + s > cap):
                 raise CacheRangeError(f"{self.spec_path}: new tokens at {past_len.tolist()} + {s} exceed "
                                       f"the buffer capacity {cap}")
-            ctx = self._floors(past_k, past_v, past_len, s)
+            ctx = self._floors(rctx, past_k, past_v, past_len, s)
         if self.rotary:
             if position_ids is not None:
                 pos = np.asarray(position_ids, dtype=np.int64).reshape(b, s)
@@ -516,7 +516,7 @@ class GroupQueryAttention(Kernel):
         return (y, pk, pv)[:self.n_out] if self.n_out > 1 else y
 
 
-    def _one_row(self, qs, ks, vs, past_k, past_v, seq, total, cos_cache, sin_cache):
+    def _one_row(self, rctx, qs, ks, vs, past_k, past_v, seq, total, cos_cache, sin_cache):
         """Batch 1 with the compiled kernels: rotate the new keys straight into the
         present buffer, no position arrays, Python ints for the lengths. None when
         the call needs the general path."""
@@ -528,7 +528,7 @@ class GroupQueryAttention(Kernel):
             if p0 + s > cap:
                 raise CacheRangeError(f"{self.spec_path}: new tokens at {[p0]} + {s} exceed the buffer "
                                       f"capacity {cap}")
-            ctx = self._floors(past_k, past_v, p0, s)
+            ctx = self._floors(rctx, past_k, past_v, p0, s)
             pk, pv = past_k, past_v
         else:
             plen = total if total > cap else cap
@@ -542,22 +542,22 @@ class GroupQueryAttention(Kernel):
             if p0 + s < plen:
                 pk[:, :, p0 + s:] = 0
                 pv[:, :, p0 + s:] = 0
-        self._start[0] = p0
+        start = np.array([p0], dtype=np.int64)  # the run's own: the kernel object is shared
         kdst = pk[:, :, p0:p0 + s].transpose(0, 2, 1, 3)
         if self.rotary:
             if p0 + s > cos_cache.shape[0]:
                 raise self.error(f"positions up to {p0 + s - 1} exceed the rotary cache of {cos_cache.shape[0]}")
             qr = np.empty(qs.shape, dtype=F32)
-            fast.rotary(qs, cos_cache, sin_cache, qr, start=self._start, interleaved=self.interleaved)
-            fast.rotary(ks, cos_cache, sin_cache, kdst, start=self._start, interleaved=self.interleaved)
+            fast.rotary(qs, cos_cache, sin_cache, qr, start=start, interleaved=self.interleaved)
+            fast.rotary(ks, cos_cache, sin_cache, kdst, start=start, interleaved=self.interleaved)
         else:
             qr = qs
             kdst[...] = ks
         pv[:, :, p0:p0 + s] = vs.transpose(0, 2, 1, 3)
         tot = seq if seq > p0 + s else p0 + s
-        self._total[0] = tot if tot < pk.shape[2] else pk.shape[2]
+        total_arr = np.array([tot if tot < pk.shape[2] else pk.shape[2]], dtype=np.int64)
         out = np.empty(qs.shape[:2] + (self.nq, h), dtype=F32)
-        fast.gqa_attention(qr, pk, pv, self._total, out, self.scale, query_start=self._start,
+        fast.gqa_attention(qr, pk, pv, total_arr, out, self.scale, query_start=start,
                            softcap=self.softcap, num_threads=self.spec_threads(tot * self.nq * h * 2))
         self._wrote(ctx, pk, pv, p0 + s)
         y = out.reshape(1, s, self.nq * h)
@@ -664,22 +664,19 @@ class CacheUpdate(Kernel):
     length ``position + n`` is recorded for the state to publish."""
 
     fresh = False
+    uses_context = True
 
     def __init__(self, spec: NodeSpec):
         super().__init__(spec)
         self.axis = spec.int("axis", -2)
-        from onnxforge.kernels_cy.session import current_lengths
 
-        self._lengths = current_lengths
-
-    def run(self, cache, values, position):
-        ctx = self._lengths()
-        floor = ctx.floor(cache) if ctx is not None else None
+    def run(self, ctx, cache, values, position):
+        floor = ctx.floor(cache)
         if (fast.cache_update is not None and isinstance(position, np.ndarray) and position.ndim == 0
                 and position.dtype.kind in "iu" and isinstance(floor, (int, type(None)))):
             pos = int(position)  # the common decode step: one scalar position, the compiled copy
-            if floor is not None and 0 <= pos < floor:  # a negative one: the kernel's range error
-                raise self._below(pos, floor, ctx.name(cache))
+            if floor is not None and pos != floor and pos != ctx.next(cache):  # refused, with every check
+                return self._general(cache, values, position, ctx, floor)
             try:
                 end = fast.cache_update(cache, values, pos, self.axis)
             except KernelError as e:  # checked before the first byte is written
@@ -688,6 +685,11 @@ class CacheUpdate(Kernel):
                 ctx.wrote(cache, end)
             return cache
         return self._general(cache, values, position, ctx, floor)
+
+    def _gap(self, pos: object, floor: object, name: object) -> CacheRangeError:
+        return CacheRangeError(f"{self.spec_path}: position {pos} is above the published length {floor} "
+                               f"of {name!r}: the entries between would be published without being written "
+                               f"(rule R3: a run appends at the published length)")
 
     def _below(self, pos: object, floor: object, name: object) -> CacheRangeError:
         return CacheRangeError(f"{self.spec_path}: position {pos} is below the published length {floor} "
@@ -714,6 +716,8 @@ class CacheUpdate(Kernel):
                 raise self.error(f"values shape {values.shape} does not match the cache {cache.shape}")
         if floor is not None and np.any(pos < np.asarray(floor)):
             raise self._below(pos.tolist(), floor, ctx.name(cache))
+        if floor is not None and np.any(pos > np.asarray(ctx.next(cache))):
+            raise self._gap(pos.tolist(), ctx.next(cache), ctx.name(cache))
         if pos.size == 1:
             idx = [slice(None)] * cache.ndim
             idx[a] = slice(int(pos[0]), int(pos[0]) + n)

@@ -3,9 +3,16 @@
 A kernel is built once per node at plan time from a :class:`NodeSpec` (attributes
 parsed and validated there, constant inputs available) and then called as
 ``kernel.run(*inputs)`` by the run loop: it returns one array, or a tuple when the
-node has several outputs. ``fresh`` says whether every output is a new buffer
-(counted as allocated); view kernels (``fresh = False``) report any copy they
-must make through ``spec.mem.materialized(nbytes)``.
+node has several outputs. After construction a kernel object is read-only: one
+plan serves every thread and every state at once, so whatever a run writes
+(scratch, lengths, counters) lives in the run's context. A kernel that needs it
+sets ``uses_context = True`` and is called as ``kernel.run(ctx, *inputs)`` with a
+:class:`~onnxforge.kernels_cy.runctx.RunContext`.
+
+``fresh`` says whether every output is a new buffer (counted as allocated). A
+view kernel (``views_input = True``, ``fresh = False``) returns a view of its
+first input where it can; when it returns other storage (a copy), the run loop
+counts that copy as allocated and copied.
 
 Example::
 
@@ -52,7 +59,6 @@ class NodeSpec:
     output_types: list[Any] = field(default_factory=list)
     present: tuple[bool, ...] = ()
     outputs_used: tuple[bool, ...] = ()
-    mem: Any = None
     subgraph: Callable[[str], Any] | None = None  # attribute name -> compiled sub-plan
     aliases: tuple[tuple[int, int], ...] = ()  # MUST_ALIAS (output index, input index) pairs
     threads: int = 1  # the session's thread bound for the kernels' own parallel loops
@@ -110,6 +116,8 @@ class Kernel:
     """Base of kernel objects; subclasses override :meth:`run`."""
 
     fresh: ClassVar[bool] = True
+    uses_context: ClassVar[bool] = False  # run(ctx, *inputs): the run's RunContext first
+    views_input: ClassVar[bool] = False  # the output is a view of input 0 unless copied
 
     def __init__(self, spec: NodeSpec):
         self.spec_path = spec.path

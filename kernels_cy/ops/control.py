@@ -15,10 +15,10 @@ __all__ = ["FunctionCall"]
 
 class _WithBodies(Kernel):
     fresh = False  # the sub-plans count their own allocations
+    uses_context = True  # the sub-plans run in the caller's run context
 
     def __init__(self, spec: NodeSpec):
         super().__init__(spec)
-        self.mem = spec.mem
         names = [n for n, v in spec.attrs.items() if isinstance(v, Graph)]
         self.bodies = {n: spec.subgraph(n) for n in names}
         self.order = names
@@ -41,10 +41,10 @@ class If(_WithBodies):
             raise spec.fail("If needs then_branch and else_branch")
         self.n_out = spec.n_outputs
 
-    def run(self, *xs):
+    def run(self, ctx, *xs):
         ins, caps = self._split(xs)
         branch = "then_branch" if bool(np.asarray(ins[0]).reshape(-1)[0]) else "else_branch"
-        outs = self.bodies[branch].program.run(caps[branch], self.mem)
+        outs = self.bodies[branch].program.run(caps[branch], ctx)
         return outs[0] if self.n_out == 1 else tuple(outs)
 
 
@@ -58,7 +58,7 @@ class Loop(_WithBodies):
         self.n_scan = len(self.body.outputs) - 1 - self.n_carried
         self.n_out = spec.n_outputs
 
-    def run(self, *xs):
+    def run(self, ctx, *xs):
         ins, caps = self._split(xs)
         m, cond = ins[0], ins[1]
         carried = list(ins[2:2 + self.n_carried])
@@ -68,7 +68,7 @@ class Loop(_WithBodies):
         i = 0
         prog = self.body.program
         while go and (trips is None or i < trips):
-            outs = prog.run([np.array(i, dtype=np.int64), np.array(go)] + carried + list(caps["body"]), self.mem)
+            outs = prog.run([np.array(i, dtype=np.int64), np.array(go)] + carried + list(caps["body"]), ctx)
             go = bool(np.asarray(outs[0]).reshape(-1)[0])
             carried = list(outs[1:1 + self.n_carried])
             for j in range(self.n_scan):
@@ -112,7 +112,7 @@ class Scan(_WithBodies):
         self.out_dirs = spec.ints("scan_output_directions") or [0] * self.k
         self.n_out = spec.n_outputs
 
-    def run(self, *xs):
+    def run(self, ctx, *xs):
         ins, caps = self._split(xs)
         state = list(ins[:self.n_state])
         seqs = list(ins[self.n_state:])
@@ -122,7 +122,7 @@ class Scan(_WithBodies):
         prog = self.body.program
         for t in range(n):
             slices = [s[n - 1 - t] if d else s[t] for s, d in zip(seqs, self.in_dirs)]
-            outs = prog.run(state + slices + list(caps["body"]), self.mem)
+            outs = prog.run(state + slices + list(caps["body"]), ctx)
             state = list(outs[:self.n_state])
             for j in range(self.k):
                 outs_acc[j].append(outs[self.n_state + j])
@@ -139,6 +139,7 @@ class FunctionCall(Kernel):
     """A call of a model-local function: its body compiled once into a sub-plan."""
 
     fresh = False
+    uses_context = True
 
     def __init__(self, spec: NodeSpec, compiler: Any, node: Node, fn: Function):
         super().__init__(spec)
@@ -147,12 +148,11 @@ class FunctionCall(Kernel):
                 if a.ref_attr_name:
                     raise spec.fail(f"function {fn.name!r} uses attribute parameters "
                                     f"({a.ref_attr_name!r}); not supported")
-        self.mem = spec.mem
         self.cg = compiler.compile(fn)
         self.n_formal = len(fn.inputs)
         self.n_out = spec.n_outputs
 
-    def run(self, *xs):
+    def run(self, ctx, *xs):
         args = list(xs[:self.n_formal]) + [None] * (self.n_formal - len(xs))
-        outs = self.cg.program.run(args, self.mem)
+        outs = self.cg.program.run(args, ctx)
         return outs[0] if self.n_out == 1 else tuple(outs)

@@ -6,6 +6,7 @@ outputs are counted as fallback copies.
 """
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import numpy as np
@@ -32,8 +33,8 @@ class ReferenceKernel(Kernel):
         self.n_out = len(node.outputs)
         self.opsets = dict(model.opset_imports)
         self.out_types = [v.type for v in node.outputs]
-        self.mem = spec.mem
-        self._sessions: dict[tuple, Any] = {}
+        self._sessions: dict[tuple, Any] = {}  # built on first use, shared by every run
+        self._lock = threading.Lock()  # guards the cache and the evaluator, which is not reentrant
 
     def _session(self, xs: tuple) -> Any:
         key = tuple(None if x is None else (x.dtype.str, x.ndim) for x in xs)
@@ -64,7 +65,7 @@ class ReferenceKernel(Kernel):
         return sess
 
     def run(self, *xs):
-        sess = self._session(xs)
         feeds = {f"in{i}": x for i, x in enumerate(xs) if x is not None}
-        outs = [np.asarray(o) for o in sess.run(None, feeds)]
+        with self._lock:
+            outs = [np.asarray(o) for o in self._session(xs).run(None, feeds)]
         return outs[0] if self.n_out == 1 else tuple(outs)

@@ -32,28 +32,20 @@ class PagedCacheUpdate(Kernel):
     """(cache, key [1, Hkv, n, D], value [1, Hkv, n, D], position int64 scalar) -> cache."""
 
     fresh = False
+    uses_context = True
 
-    def __init__(self, spec: NodeSpec):
-        super().__init__(spec)
-        self.mem = spec.mem
-        from onnxforge.kernels_cy.session import current_lengths  # (session imports the ops)
-
-        self.current_lengths = current_lengths
-
-    def run(self, cache, key, value, position):
+    def run(self, ctx, cache, key, value, position):
         c = _cache(self, cache)
-        ctx = self.current_lengths()
-        floor = ctx.floor(c) if ctx is not None else None
+        floor = ctx.floor(c)
         if isinstance(floor, int) and floor < c.length:
             c.truncate(floor)  # tokens of a failed run above the published length: dropped
         last = c.update(key, value, position)
         if floor is not None:
             ctx.wrote(c, c.length)
-        if self.mem is not None:
-            if last.allocated_bytes:
-                self.mem.hold(last.allocated_bytes)
-            if last.copied_bytes:
-                self.mem.copied_only(last.copied_bytes)
+        if last.allocated_bytes:
+            ctx.mem.hold(last.allocated_bytes)
+        if last.copied_bytes:
+            ctx.mem.copied_only(last.copied_bytes)
         return c
 
 

@@ -229,10 +229,9 @@ def test_unaligned_inline_constants_are_aligned_once_at_plan_time():
     del m.graph.input[1]
     from onnxforge.graphbuilder import serde
     from onnxforge.kernels_cy.compile import Compiler
-    from onnxforge.kernels_cy.plan import Counters
 
     ir = serde.load(m.SerializeToString())
-    arr = Compiler(ir, mem=Counters()).constant(next(iter(ir.graph.all_initializers())))
+    arr = Compiler(ir).constant(next(iter(ir.graph.all_initializers())))
     assert arr.flags.aligned and not arr.flags.writeable
     x = np.ones((2, 3), np.float32)
     np.testing.assert_array_equal(InferenceSession(ir).run(None, {"x": x})[0], x @ w)

@@ -13,7 +13,7 @@ from onnxforge.kernels_cy import _paged
 from onnxforge.kernels_cy.errors import KernelError, PageCapacityError, PageShapeError
 from onnxforge.kernels_cy.ops.base import REGISTRY, NodeSpec
 from onnxforge.kernels_cy.paged import PAGE_FORMATS, PagedKVCache
-from onnxforge.kernels_cy.plan import Counters
+from onnxforge.kernels_cy.runctx import RunContext
 from onnxforge.kernels_cy.session import InferenceSession
 from onnxforge.proto_ext.types import StructType
 from tests.kernels_cy import paged_ref as ref
@@ -102,22 +102,22 @@ def test_attention_errors_are_typed():
 
 
 # -- backend kernels ------------------------------------------------------------------
-def _spec(op: str, n_inputs: int, mem: Counters, **attrs) -> NodeSpec:
-    return NodeSpec(op, "ai.onnxforge", op, f"/{op}", 1, attrs, n_inputs, 1, mem=mem)
+def _spec(op: str, n_inputs: int, **attrs) -> NodeSpec:
+    return NodeSpec(op, "ai.onnxforge", op, f"/{op}", 1, attrs, n_inputs, 1)
 
 
 def test_kernels_update_in_place_and_count_only_new_pages():
     rng = np.random.default_rng(6)
-    mem = Counters()
-    upd = REGISTRY[("ai.onnxforge", "PagedCacheUpdate")](_spec("PagedCacheUpdate", 4, mem))
+    upd = REGISTRY[("ai.onnxforge", "PagedCacheUpdate")](_spec("PagedCacheUpdate", 4))
     att = REGISTRY[("ai.onnxforge", "PagedAttention")](
-        _spec("PagedAttention", 2, mem, num_heads=8, kv_num_heads=4, scale=0.2))
-    assert upd.fresh is False
+        _spec("PagedAttention", 2, num_heads=8, kv_num_heads=4, scale=0.2))
+    assert upd.fresh is False and upd.uses_context
     c = PagedKVCache(4, 64, 16, 4, formats="float32,int4")
     for t in range(20):
         k, v = (rng.standard_normal((1, 4, 1, 64)).astype(np.float32) for _ in range(2))
-        mem.reset()
-        assert upd.run(c, k, v, np.array(t, np.int64)) is c
+        ctx = RunContext()
+        mem = ctx.mem
+        assert upd.run(ctx, c, k, v, np.array(t, np.int64)) is c
         new_page = t % 16 == 0
         expect = c.page_payload(t // 16).nbytes if new_page else 0
         if t == 16:
@@ -129,7 +129,7 @@ def test_kernels_update_in_place_and_count_only_new_pages():
         got = att.run(q, c)
         assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
     with pytest.raises(KernelError, match="PagedKVCache"):
-        upd.run(np.zeros(3, np.float32), k, v, np.array(20))
+        upd.run(RunContext(), np.zeros(3, np.float32), k, v, np.array(20))
     with pytest.raises(KernelError, match="kv_num_heads"):
         att.run(q, PagedKVCache(2, 64, 16, 2))
 

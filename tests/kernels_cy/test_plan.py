@@ -11,7 +11,8 @@ from onnxforge.graphbuilder.builder import GraphBuilder
 from onnxforge.graphbuilder.ir import READ_WRITE
 from onnxforge.kernels_cy.compile import compile_model, schedule
 from onnxforge.kernels_cy.errors import UnsupportedAttributeError, UnsupportedOperatorError
-from onnxforge.kernels_cy.plan import Counters, Program
+from onnxforge.kernels_cy.plan import Program
+from onnxforge.kernels_cy.runctx import RunContext
 from onnxforge.kernels_cy.session import InferenceSession, backend_ops
 from tests.kernels_cy.helpers import F, I64, onnx_model, reference, tensor
 
@@ -109,7 +110,7 @@ def test_empty_kernel_program_runs_every_step_in_order():
     prog = Program(n + 1, [None] * (n + 1), [k.run] * n, ["inc"] * n, [[i] for i in range(n)],
                    [[i + 1] for i in range(n)], [[i] for i in range(n)], [[] for _ in range(n)],
                    [[False] for _ in range(n)], list(range(n + 1)), [0], [n])
-    assert prog.run([0], Counters()) == [n]
+    assert prog.run([0], RunContext()) == [n]
     assert prog.num_steps == n
 
 

@@ -86,7 +86,7 @@ def test_values_are_read_only_views_of_the_retained_buffer():
 
 def test_numpy_initial_values_are_retained_without_a_copy():
     cache = np.zeros((1, 8, 4), np.float32)
-    st = make_state(_cache_model(), initial={"cache": cache})
+    st = make_state(_cache_model(), initial={"cache": cache}, lengths={"cache": 1})
     out = st.run(_feeds(1, 4.0))
     assert out["updated"] is cache and cache[0, 1:3].sum() == 32
 
@@ -332,7 +332,7 @@ def test_a_state_collected_without_close_releases_its_buffers():
 def test_torch_initial_values_are_retained_through_dlpack():
     import torch
     cache = torch.zeros((1, 8, 4), dtype=torch.float32)
-    st = make_state(_cache_model(), initial={"cache": cache})
+    st = make_state(_cache_model(), initial={"cache": cache}, lengths={"cache": 1})
     assert st.addresses()["cache"] == cache.data_ptr()
     st.run(_feeds(1, 2.0))
     assert float(cache.sum()) == 16.0  # written in place, seen by the tensor's owner

@@ -62,9 +62,24 @@ def test_lengths_follow_each_successful_write():
     assert st.lengths == {"a": 0, "b": 0}
     st.run(_feeds(0, 0, n=3))
     assert st.lengths == {"a": 3, "b": 3}
-    st.run(_feeds(3, 5, n=1))  # a gap above the published length is allowed
-    assert st.lengths == {"a": 4, "b": 6}
+    st.run(_feeds(3, 3, n=1))
+    assert st.lengths == {"a": 4, "b": 4}
     assert st.last_run.copied_bytes == 0
+
+
+def test_a_write_above_the_published_length_is_refused_before_any_write():
+    """Entries between the published length and the position would be published without
+    being written: a gap is a typed error, and ``a`` (written first) is left as it was."""
+    st = make_state(_two_caches())
+    st.run(_feeds(0, 0, n=3))
+    before = _snapshot(st)
+    whole = {k: v.copy() for k, v in st.values.items()}
+    with pytest.raises(CacheRangeError, match="above the published length 3 of 'b'"):
+        st.run(_feeds(3, 5, n=1))
+    _assert_unchanged(st, before)
+    np.testing.assert_array_equal(st.values["b"], whole["b"])
+    st.run(_feeds(3, 3, n=1))
+    assert st.lengths == {"a": 4, "b": 4}
 
 
 @pytest.mark.parametrize("pa, pb, n, why", [
@@ -121,16 +136,16 @@ def test_stateless_runs_are_not_limited_by_any_length():
 def test_save_and_restore_keep_the_lengths(tmp_path):
     st = make_state(_two_caches())
     st.run(_feeds(0, 0, n=3))
-    st.run(_feeds(3, 4, n=1))
+    st.run(_feeds(3, 3, n=2))
     path = tmp_path / "state.npz"
     st.save(path)
     again = make_state(_two_caches(), initial=path)
-    assert again.lengths == {"a": 4, "b": 5}
+    assert again.lengths == {"a": 5, "b": 5}
     with pytest.raises(CacheRangeError, match="below the published length"):
-        again.run(_feeds(3, 5, n=1))
-    again.run(_feeds(4, 5, n=1))
+        again.run(_feeds(4, 5, n=1))
+    again.run(_feeds(5, 5, n=1))
     st.reset(path)
-    assert st.lengths == {"a": 4, "b": 5}
+    assert st.lengths == {"a": 5, "b": 5}
     st.reset()
     assert st.lengths == {"a": 0, "b": 0}
 
@@ -202,8 +217,10 @@ def test_per_row_positions_publish_one_length_per_row():
     pos = g.input("pos", I64, [2])
     g.output(g.op.CacheUpdate(cache, vals, pos), "next")
     g.bind(cache, "next")
-    st = make_state(g.to_model())
+    st = make_state(g.to_model(), initial={"cache": np.zeros((2, CAP, 4), np.float32)}, lengths={"cache": (0, 2)})
     ones = np.ones((2, 1, 4), np.float32)
+    with pytest.raises(CacheRangeError, match="above the published length"):  # row 0 would leave a gap
+        st.run({"vals": ones, "pos": np.array([1, 2], np.int64)})
     st.run({"vals": ones, "pos": np.array([0, 2], np.int64)})
     assert st.lengths == {"cache": (1, 3)}
     before = _snapshot(st)
