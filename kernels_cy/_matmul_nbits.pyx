@@ -226,8 +226,7 @@ cdef class OneRowNBits:
     cdef Py_ssize_t K, N, nblk
     cdef int threads
     cdef object fallback
-    cdef object _scales, _zp     # the read-only operands _szp was computed from
-    cdef cnp.ndarray _szp        # their scale * zero point per block, float32 [N * nblk]
+    cdef object _cached  # (scales, zero points, their scale * zero point per block) or None
 
     def __init__(self, Py_ssize_t K, Py_ssize_t N, Py_ssize_t block_size, int threads, fallback):
         self.K = K
@@ -283,22 +282,26 @@ cdef class OneRowNBits:
         dims[nd - 1] = N
         out = cnp.PyArray_EMPTY(nd, dims, cnp.NPY_FLOAT32, 0)
         cdef int nt = _fit_threads(self.threads, N, 2.0 * N * K) if self.threads > 1 else 1
+        cdef object terms = self._zero_terms(sa, zp, zpu, zpf)  # held here: another thread may replace it
+        cdef const float* szp = NULL if terms is None else <const float*>cnp.PyArray_DATA(<cnp.ndarray>terms)
         _fused_row(<const uint8_t*>cnp.PyArray_DATA(ba), <const float*>cnp.PyArray_DATA(sa),
-                   self._zero_terms(sa, zp, zpu, zpf), zpu, zpf, biasp,
+                   szp, zpu, zpf, biasp,
                    <const float*>cnp.PyArray_DATA(aa), <float*>cnp.PyArray_DATA(out), nblk, N, nt)
         return out
 
-    cdef const float* _zero_terms(self, cnp.ndarray sa, object zp, const uint8_t* zpu, const float* zpf):
-        """The blocks' scale * zero point, computed once for read-only constant operands (a
-        model's weights), else NULL (computed per call)."""
-        if self._szp is not None and sa is self._scales and zp is self._zp:
-            return <const float*>cnp.PyArray_DATA(self._szp)
+    cdef object _zero_terms(self, cnp.ndarray sa, object zp, const uint8_t* zpu, const float* zpf):
+        """The blocks' scale * zero point (float32 [N * nblk]), computed once for read-only
+        constant operands (a model's weights), else None (computed per call). The record is
+        replaced whole, so a thread reading it never sees half of another's."""
+        cached = self._cached
+        if cached is not None and sa is cached[0] and zp is cached[1]:
+            return cached[2]
         if not _frozen(sa) or (zp is not None and not _frozen(zp)):
-            return NULL
+            return None
         cdef cnp.npy_intp size = self.N * self.nblk
         cdef cnp.ndarray szp = cnp.PyArray_EMPTY(1, &size, cnp.NPY_FLOAT32, 0)
         with nogil:
             of_q4_zero_terms(<const float*>cnp.PyArray_DATA(sa), zpu, zpf, self.nblk, self.N,
                              <float*>cnp.PyArray_DATA(szp))
-        self._scales, self._zp, self._szp = sa, zp, szp
-        return <const float*>cnp.PyArray_DATA(szp)
+        self._cached = (sa, zp, szp)
+        return szp

@@ -21,6 +21,23 @@ growing the page table never touches a payload. Every argument is checked before
 the first change, so a typed error (:class:`PagedCacheError`) leaves the cache
 as it was. Attention decodes one page of one KV head at a time into a workspace of
 fixed size (:attr:`workspace_bytes`, independent of the context length).
+
+Updates are transactions. :meth:`PagedKVCache.stage` writes a step's tokens
+without touching a published page: the page that already holds tokens below the
+new ones is staged in the cache's staging page (allocated once with the cache; the
+published page is copied there and the new tokens encoded on top, re-encoding the
+page where its format requires it, as int2 keys do), pages the step starts are new
+payloads, and :meth:`PagedKVCache.attend` given the :class:`PageStage` reads the
+published pages as they are plus the staged ones. :meth:`PageStage.commit` swaps
+the staging page in for its page (the replaced payload becomes the next staging
+page: no allocation, no copy), installs the new pages, converts the pages that age
+(KR2) and publishes the length, all at once; :meth:`PageStage.discard` drops
+everything, leaving every held payload and the length bitwise as they were.
+:meth:`PagedKVCache.update` is a stage committed at once::
+
+    stage = cache.stage(k, v, position=cache.length)    # nothing published changes
+    y = cache.attend(q, stage=stage)                    # sees the staged tokens
+    stage.commit()                                      # or stage.discard()
 """
 from __future__ import annotations
 
@@ -36,7 +53,7 @@ import onnxforge.kernels_cy._paged as _paged
 from onnxforge.kernels_cy.errors import (PageCapacityError, PagedCacheError, PageFormatError,
                                          PageIdError, PageShapeError)
 
-__all__ = ["PAGE_FORMATS", "PageCounters", "PagedCacheError", "PagedKVCache", "page_nbytes",
+__all__ = ["PAGE_FORMATS", "PageCounters", "PageStage", "PagedCacheError", "PagedKVCache", "page_nbytes",
            "parse_formats"]
 
 PAGE_FORMATS: tuple[str, ...] = tuple(_paged.FORMAT_NAMES)
@@ -90,12 +107,56 @@ def _position(position: Any) -> int:
 
 @dataclass(frozen=True, slots=True)
 class PageCounters:
-    """Bytes of one update or conversion: page payloads allocated and freed, bytes copied."""
+    """Bytes of one update or conversion: page payloads allocated and freed, bytes copied
+    (contiguity fixes of the operands), bytes of the published page copied into the
+    staging page (``staged_bytes``: the transaction's own cost, at most one page)."""
 
     allocated_bytes: int = 0
     copied_bytes: int = 0
     freed_bytes: int = 0
     converted_pages: tuple[int, ...] = ()
+    staged_bytes: int = 0
+
+
+class PageStage:
+    """One step's tokens written beside a :class:`PagedKVCache`, not yet published.
+
+    ``pages`` maps a page id to the ``(format, payload)`` that replaces it at commit;
+    ``length`` is the length the commit publishes; ``addr`` / ``fmt`` are the page
+    table attention reads during the step (published pages, staged ones substituted).
+    ``allocated_bytes`` counts the new payloads the stage made (the staging page is the
+    cache's own and costs nothing). Commit or discard it exactly once."""
+
+    __slots__ = ("cache", "position", "length", "pages", "staging", "addr", "fmt", "allocated_bytes",
+                 "copied_bytes", "staged_bytes", "done")
+
+    def __init__(self, cache: PagedKVCache, position: int, length: int):
+        self.cache = cache
+        self.position = position
+        self.length = length
+        self.pages: dict[int, tuple[str, np.ndarray]] = {}
+        self.staging: int | None = None  # the page id staged in the cache's staging page
+        self.addr = cache._addr
+        self.fmt = cache._fmt
+        self.allocated_bytes = 0
+        self.copied_bytes = 0
+        self.staged_bytes = 0
+        self.done = False
+
+    def commit(self) -> PageCounters:
+        """Publish the step: the staged pages replace theirs, aging pages convert, the
+        length publishes. Returns the counters of the whole update (the stage's own
+        allocations included)."""
+        if self.done:
+            raise PagedCacheError("this stage was already committed or discarded")
+        self.done = True
+        return self.cache._commit(self)
+
+    def discard(self) -> None:
+        """Drop the step: nothing published changes (idempotent)."""
+        if not self.done:
+            self.done = True
+            self.cache._stage = None
 
 
 class PagedKVCache:
@@ -117,6 +178,10 @@ class PagedKVCache:
         self._page_ws = np.zeros((2, h, p, d), dtype=F32)     # conversions
         self._scratch = np.zeros(p * d, dtype=F32)            # int2 key channels
         self._attn_ws = np.zeros((1, _paged.workspace_floats(p, d)), dtype=F32)  # grown per Hq
+        # the staging page: receives a step's tokens for the page already holding tokens
+        # below them (newest format); swapped with that page when the step commits
+        self._staging = self._new_page(self.formats[0])
+        self._stage: PageStage | None = None  # the step in flight, if any
         self.allocated_bytes = 0
         self.copied_bytes = 0
         self.last = PageCounters()
@@ -144,6 +209,16 @@ class PagedKVCache:
     def workspace_bytes(self) -> int:
         """Bytes of the attention workspace (one page of one head per thread, plus scores)."""
         return int(self._attn_ws.nbytes)
+
+    @property
+    def staging_address(self) -> int:
+        """Data address of the staging page (it swaps with the page it replaces on commit)."""
+        return int(self._staging.ctypes.data)
+
+    @property
+    def staging_bytes(self) -> int:
+        """Bytes of the staging page (one page in the newest format, held with the cache)."""
+        return int(self._staging.nbytes)
 
     def policy_format(self, age: int) -> str:
         """The policy's format of a page ``age`` pages older than the newest."""
@@ -182,6 +257,10 @@ class PagedKVCache:
     def __repr__(self) -> str:
         return (f"PagedKVCache(kv_heads={self.kv_heads}, head_dim={self.head_dim}, page_size={self.page_size}, "
                 f"num_pages={self.num_pages}, formats={','.join(self.formats)}, length={self._length})")
+
+    def _idle(self, what: str) -> None:
+        if self._stage is not None:
+            raise PagedCacheError(f"{what}: an update of this cache is in flight (commit or discard it first)")
 
     # -- page storage -----------------------------------------------------------------
     def _nbytes(self, fmt: str) -> int:
@@ -233,7 +312,17 @@ class PagedKVCache:
         return np.ascontiguousarray(x), x.nbytes
 
     def update(self, key: np.ndarray, value: np.ndarray, position: Any) -> PageCounters:
-        """Write tokens ``[position, position + n)``; ``position`` must be :attr:`length`."""
+        """Write tokens ``[position, position + n)`` and publish them at once (a
+        :meth:`stage` committed); ``position`` must be :attr:`length`."""
+        return self.stage(key, value, position).commit()
+
+    def stage(self, key: np.ndarray, value: np.ndarray, position: Any) -> PageStage:
+        """Write tokens ``[position, position + n)`` beside the published pages (see the
+        module docstring); ``position`` must be :attr:`length`. Every argument is checked
+        first; nothing published changes until :meth:`PageStage.commit`."""
+        if self._stage is not None:
+            raise PagedCacheError("another update of this cache is in flight (one step at a time: "
+                                  "commit or discard it first)")
         k, ck = self._rows(key, "key")
         v, cv = self._rows(value, "value")
         n = k.shape[1]
@@ -249,50 +338,90 @@ class PagedKVCache:
         p = self.page_size
         if n and pos % p and self._pages[pos // p] is None:
             raise PageIdError(f"page {pos // p} holds tokens below position {pos} but is missing")
+        stage = PageStage(self, pos, pos + n)
+        stage.copied_bytes = ck + cv
+        self._stage = stage
         if n == 0:
-            self.last = PageCounters(copied_bytes=ck + cv)
-            self.copied_bytes += ck + cv
-            return self.last
-        last_old = (self._length - 1) // p if self._length else -1
+            return stage
         last_new = (pos + n - 1) // p
-        alloc = freed = 0
+        h, d = self.kv_heads, self.head_dim
+        j = 0
+        while j < n:
+            i, t0 = divmod(pos + j, p)
+            m = min(p - t0, n - j)
+            target = self.policy_format(last_new - i)
+            e = self._pages[i] if t0 else None  # a page the step starts holds nothing of value
+            code = _CODE[target]
+            if e is not None and e[0] == target and e[1].nbytes == self._staging.nbytes:
+                payload = self._staging  # the published page copied, the new tokens on top
+                np.copyto(payload, e[1])
+                stage.staging = i
+                stage.staged_bytes += payload.nbytes
+                _paged.encode_rows(code, payload, k, v, j, m, t0, h, p, d, self._scratch)
+            elif e is not None:
+                payload = self._reencoded(i, target, k, v, j, m, t0)
+                stage.allocated_bytes += payload.nbytes
+            else:
+                payload = self._new_page(target)
+                _paged.encode_rows(code, payload, k, v, j, m, t0, h, p, d, self._scratch)
+                stage.allocated_bytes += payload.nbytes
+            stage.pages[i] = (target, payload)
+            j += m
+        stage.addr = self._addr.copy()
+        stage.fmt = self._fmt.copy()
+        for i, (fmt, payload) in stage.pages.items():
+            stage.addr[i] = payload.ctypes.data
+            stage.fmt[i] = _CODE[fmt]
+        return stage
+
+    def _commit(self, stage: PageStage) -> PageCounters:
+        if self._stage is not stage:
+            raise PagedCacheError("this stage does not belong to the cache's update in flight")
+        self._stage = None
+        p = self.page_size
+        last_old = (self._length - 1) // p if self._length else -1
+        last_new = (stage.length - 1) // p if stage.length else -1
+        alloc, freed = stage.allocated_bytes, 0
         converted = []
+        for i, (fmt, payload) in stage.pages.items():
+            old = self._pages[i]
+            if i == stage.staging:
+                self._staging = old[1]  # the replaced payload is the next staging page
+            elif old is not None:
+                freed += old[1].nbytes
+            self._store(i, fmt, payload)
         if last_new > last_old:  # pages age: re-encode those crossing into the next format
-            for i in range(0, pos // p):
+            first = min(stage.pages) if stage.pages else len(self._pages)
+            for i in range(0, first):
                 e = self._pages[i]
                 target = self.policy_format(last_new - i)
                 if e is not None and target != self.policy_format(last_old - i) and e[0] != target:
                     a, f = self._reencode(i, target)
                     alloc, freed = alloc + a, freed + f
                     converted.append(i)
-        h, d = self.kv_heads, self.head_dim
-        j = 0
-        while j < n:
-            t = pos + j
-            i, t0 = divmod(t, p)
-            m = min(p - t0, n - j)
-            target = self.policy_format(last_new - i)
-            e = self._pages[i]
-            if e is None:
-                payload = self._new_page(target)
-                _paged.encode_rows(_CODE[target], payload, k, v, j, m, t0, h, p, d, self._scratch)
-                self._store(i, target, payload)
-                alloc += payload.nbytes
-            elif e[0] == target:
-                _paged.encode_rows(_CODE[target], e[1], k, v, j, m, t0, h, p, d, self._scratch)
-            else:
-                a, f = self._reencode(i, target, k, v, j, m, t0)
-                alloc, freed = alloc + a, freed + f
-                converted.append(i)
-            j += m
-        self._length = pos + n
-        self.last = PageCounters(alloc, ck + cv, freed, tuple(converted))
+        self._length = stage.length
+        self.last = PageCounters(alloc, stage.copied_bytes, freed, tuple(converted), stage.staged_bytes)
         self.allocated_bytes += alloc
-        self.copied_bytes += ck + cv
+        self.copied_bytes += stage.copied_bytes
         return self.last
+
+    def _reencoded(self, i: int, fmt: str, k: np.ndarray, v: np.ndarray, j0: int, n: int, t0: int) -> np.ndarray:
+        """A new payload: page ``i``'s valid rows and tokens ``j0 .. j0+n`` of k/v at row
+        ``t0``, encoded as ``fmt`` (the page itself is left as it is)."""
+        old_fmt, old = self._pages[i]  # type: ignore[misc]
+        ws = self._page_ws
+        h, p, d = self.kv_heads, self.page_size, self.head_dim
+        _paged.decode_page(_CODE[old_fmt], old, ws)
+        ws[:, :, min(t0, self._valid_rows(i)):, :] = 0.0
+        ws[0, :, t0:t0 + n] = k[:, j0:j0 + n]
+        ws[1, :, t0:t0 + n] = v[:, j0:j0 + n]
+        new = np.empty(self._nbytes(fmt), dtype=np.uint8)
+        _paged.encode_rows(_CODE[fmt], new, ws[0], ws[1], 0, p, 0, h, p, d, self._scratch)
+        return new
 
     def convert(self, page_id: int, fmt: str) -> PageCounters:
         """Re-encode one held page as ``fmt`` (a new payload; the old one is freed)."""
+        self._idle("convert")
         i = self._page(page_id)
         _code(fmt)
         e = self._pages[i]
@@ -308,6 +437,7 @@ class PagedKVCache:
 
     def grow(self, num_pages: int) -> None:
         """Extend the page table to ``num_pages`` pages (the new ones missing; no payload moves)."""
+        self._idle("grow")
         if not isinstance(num_pages, (int, np.integer)) or num_pages < len(self._pages):
             raise PageCapacityError(f"grow({num_pages!r}): the page table has {len(self._pages)} pages "
                                     f"and never shrinks")
@@ -320,6 +450,7 @@ class PagedKVCache:
     def set_page(self, page_id: int, fmt: str, payload: Any) -> None:
         """Install a saved page payload (uint8, exactly the format's page bytes). A writable
         C-contiguous uint8 array is held as it is; anything else is copied once."""
+        self._idle("set_page")
         i = self._page(page_id)
         _code(fmt)
         want = self._nbytes(fmt)
@@ -341,6 +472,7 @@ class PagedKVCache:
     def set_length(self, length: int) -> None:
         """Publish ``length`` valid tokens (restoring a saved state); every page covering
         ``[0, length)`` must be held."""
+        self._idle("set_length")
         n = operator.index(length)
         if not 0 <= n <= self.capacity:
             raise PageCapacityError(f"length {n} outside [0, {self.capacity}]")
@@ -352,6 +484,7 @@ class PagedKVCache:
     def truncate(self, length: int) -> None:
         """Publish a shorter length (tokens at and above it are written again later); no
         payload changes."""
+        self._idle("truncate")
         n = operator.index(length)
         if not 0 <= n <= self._length:
             raise PageCapacityError(f"truncate({n}): the cache holds {self._length} tokens")
@@ -388,9 +521,10 @@ class PagedKVCache:
         return ws
 
     def attend(self, query: np.ndarray, total: int | None = None, scale: float | None = None,
-               num_threads: int | None = None) -> np.ndarray:
+               num_threads: int | None = None, stage: PageStage | None = None) -> np.ndarray:
         """Causal grouped-query attention of ``query`` float32 [1, Hq, S, D] over keys
-        ``[0, total)`` (default :attr:`length`); query ``i`` sits at ``total - S + i``."""
+        ``[0, total)`` (default :attr:`length`, or the ``stage``'s length: the published
+        pages plus the staged ones); query ``i`` sits at ``total - S + i``."""
         if not isinstance(query, np.ndarray) or query.dtype != F32:
             raise PageShapeError(f"query must be a float32 numpy.ndarray, got "
                                  f"{getattr(query, 'dtype', type(query).__name__)}")
@@ -399,18 +533,24 @@ class PagedKVCache:
             raise PageShapeError(f"query has shape {list(query.shape)}, expected [1, Hq, S, {self.head_dim}] "
                                  f"with Hq a multiple of {self.kv_heads}")
         s = q.shape[1]
-        tot = self._length if total is None else operator.index(total)
-        if not s <= tot <= self._length:
+        held = self._length
+        addr, fmts = self._addr, self._fmt
+        if stage is not None:
+            if stage.cache is not self or stage.done:
+                raise PagedCacheError("the stage given to attend is not this cache's update in flight")
+            held, addr, fmts = stage.length, stage.addr, stage.fmt
+        tot = held if total is None else operator.index(total)
+        if not s <= tot <= held:
             raise PageCapacityError(f"attention over {tot} keys with {s} queries; the cache holds "
-                                    f"{self._length}")
+                                    f"{held}")
         need = -(-tot // self.page_size)
-        missing = np.flatnonzero(self._addr[:need] == 0)
+        missing = np.flatnonzero(addr[:need] == 0)
         if missing.size:
             raise PageIdError(f"pages {missing.tolist()} below the length {tot} are missing")
         q = np.ascontiguousarray(q)
         nt = max(1, int(num_threads or 1))
         out = np.empty((1,) + q.shape, dtype=F32)
         sc = 1.0 / math.sqrt(self.head_dim) if scale is None else float(scale)
-        _paged.attention(q, self._addr, self._fmt, tot, self.kv_heads, self.page_size, self.head_dim,
+        _paged.attention(q, addr, fmts, tot, self.kv_heads, self.page_size, self.head_dim,
                          sc, out[0], self.workspace(nt, q.shape[0]), nt)
         return out

@@ -99,8 +99,10 @@ class RunContext:
     ``mem``: the run's :class:`~onnxforge.kernels_cy.plan.Counters`. ``lengths``: the
     state's :class:`RunLengths` (None: a stateless run, nothing is tracked).
     ``threads``: the bound of the backend's own pool for this run. ``staged``: per
-    paged cache object (by ``id``), what this run wrote into its staging pages,
-    committed by the state when the run succeeds and dropped otherwise.
+    paged cache object (by ``id``), the :class:`~onnxforge.kernels_cy.paged.PageStage`
+    of the tokens this run wrote, committed when the run succeeds (:meth:`commit`, by
+    the state that owns the caches or by a stateless session run) and discarded
+    otherwise (:meth:`discard`).
     """
 
     __slots__ = ("mem", "lengths", "threads", "staged")
@@ -138,3 +140,21 @@ class RunContext:
 
         n = bound if bound < self.threads else self.threads
         return n if n > 1 and work >= PARALLEL_WORK else None
+
+    def commit(self) -> tuple[int, int]:
+        """Publish every staged cache update; returns the (allocated, freed) bytes of the
+        pages the commits converted (aging, KR2)."""
+        allocated = freed = 0
+        staged, self.staged = self.staged, {}
+        for stage in staged.values():
+            extra = stage.allocated_bytes
+            c = stage.commit()
+            allocated += c.allocated_bytes - extra
+            freed += c.freed_bytes
+        return allocated, freed
+
+    def discard(self) -> None:
+        """Drop every staged cache update (a failed run): nothing published changes."""
+        staged, self.staged = self.staged, {}
+        for stage in staged.values():
+            stage.discard()

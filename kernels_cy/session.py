@@ -236,7 +236,7 @@ class InferenceSession:
     def run(self, output_names: Sequence[str] | None, feeds: Mapping[str, Any],
             run_options: Any = None, *, lengths: RunLengths | None = None,
             trusted: frozenset[str] = frozenset(), counters: RunCounters | None = None,
-            after_step: Callable[[int], None] | None = None) -> list[Any]:
+            after_step: Callable[[int], None] | None = None, context: RunContext | None = None) -> list[Any]:
         """Run the plan; returns the requested outputs (None: all) in order, as a list.
 
         Safe to call from several threads at once (see the module docstring).
@@ -245,18 +245,35 @@ class InferenceSession:
         ``trusted`` names feeds a state has already checked (its retained in-place
         buffers): they are passed as they are. ``counters`` is filled with this run's
         counters. ``after_step(k)`` is called after each step ``k`` of the plan (a test
-        hook for faults: an exception it raises fails the run there)."""
+        hook for faults: an exception it raises fails the run there).
+
+        Paged caches fed to the run are updated as a transaction: a failed run leaves
+        them bitwise as they were. Without ``context`` the run commits their staged
+        tokens when it succeeds; a caller that passes its own ``context`` (a state)
+        commits them itself (:meth:`RunContext.commit`) once it accepts the outputs."""
         if output_names is not None:
             bad = [n for n in output_names if n not in self._out_index]
             if bad:
                 raise FeedError(f"unknown output name(s) {bad}; the model's outputs are {self._outputs}")
         args = self._feeds(feeds, trusted)
-        ctx = RunContext(self._bound, lengths)
+        if context is None:
+            ctx = RunContext(self._bound, lengths)
+        else:
+            ctx = context
+            ctx.threads = self._bound
+            if lengths is not None:
+                ctx.lengths = lengths
         token = BLAS.begin(self._bound)
         if fast.pool_run_begins is not None:
             fast.pool_run_begins()
         try:
             outs = self._cg.program.run(args, ctx, after_step)
+        except BaseException:
+            ctx.discard()
+            raise
+        else:
+            if context is None and ctx.staged:
+                ctx.mem.hold(ctx.commit()[0])  # pages aging on commit are this run's allocations
         finally:
             if fast.pool_run_ends is not None:
                 fast.pool_run_ends()

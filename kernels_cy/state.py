@@ -80,6 +80,7 @@ from onnxforge.kernels_cy.errors import (
 from onnxforge.kernels_cy.session import (
     InferenceSession,
     Length,
+    RunContext,
     RunCounters,
     RunLengths,
     _load,
@@ -312,35 +313,46 @@ class State:
             args = dict(feeds)
             args.update(values)
             ctx = RunLengths(self._ids, self._lengths, self._addrs)
+            run = RunContext(lengths=ctx)
             counters = RunCounters()
-            outs = self._session.run(None, args, lengths=ctx, trusted=self._trusted, counters=counters,
-                                     after_step=after_step)
-            new: dict[str, Any] = {}
-            for name, k, b in self._slots:
-                a = outs[k]
-                if b.must_alias and a is not values[name]:
-                    raise StateAliasError(f"output {b.output!r} must be the buffer of READ_WRITE input "
-                                          f"{name!r} (rule R1) but came back as other storage")
-                if b.read_write and not b.must_alias and not _writable(a):
-                    raise StateAliasError(f"output {b.output!r} feeds READ_WRITE input {name!r} but "
-                                          f"is not writable C-contiguous storage (rule R2)")
-                if b.structured and not is_structured(a):
-                    raise StateAliasError(f"output {b.output!r} feeds struct input {name!r} but came back "
-                                          f"as {type(a).__name__}, not a structured value (rule R6)")
-                new[name] = a
-            lengths = dict(self._lengths)
-            for name, length in ctx.written.items():
-                lengths[name] = length
-            for name in self._lengths:  # a buffer replaced by other storage starts over
-                if new.get(name) is not values.get(name) and name not in ctx.written:
-                    lengths[name] = 0
-            self._publish(new, lengths)
+            outs = self._session.run(None, args, trusted=self._trusted, counters=counters,
+                                     after_step=after_step, context=run)
+            try:
+                new = self._accept(outs, values)
+                lengths = dict(self._lengths)
+                for name, length in ctx.written.items():
+                    lengths[name] = length
+                for name in self._lengths:  # a buffer replaced by other storage starts over
+                    if new.get(name) is not values.get(name) and name not in ctx.written:
+                        lengths[name] = 0
+                self._publish(new, lengths)
+            except BaseException:
+                run.discard()  # the paged caches' staged tokens: nothing of this run is published
+                raise
+            converted, _ = run.commit()  # the paged caches' steps publish with the values
             self._trusted = self._aliased  # checked by this run, and each is the object it was (R1)
-            self.last_run = StateCounters(counters.allocated_bytes, counters.copied_bytes, counters.peak_bytes,
-                                          self.cache_bytes)
+            self.last_run = StateCounters(counters.allocated_bytes + converted, counters.copied_bytes,
+                                          counters.peak_bytes, self.cache_bytes)
             return dict(zip(self._out_names, outs))
         finally:
             self._lock.release()
+
+    def _accept(self, outs: list[Any], values: dict[str, Any]) -> dict[str, Any]:
+        """The bound outputs of a finished run, checked (R1, R2, R6) before anything publishes."""
+        new: dict[str, Any] = {}
+        for name, k, b in self._slots:
+            a = outs[k]
+            if b.must_alias and a is not values[name]:
+                raise StateAliasError(f"output {b.output!r} must be the buffer of READ_WRITE input "
+                                      f"{name!r} (rule R1) but came back as other storage")
+            if b.read_write and not b.must_alias and not _writable(a):
+                raise StateAliasError(f"output {b.output!r} feeds READ_WRITE input {name!r} but "
+                                      f"is not writable C-contiguous storage (rule R2)")
+            if b.structured and not is_structured(a):
+                raise StateAliasError(f"output {b.output!r} feeds struct input {name!r} but came back "
+                                      f"as {type(a).__name__}, not a structured value (rule R6)")
+            new[name] = a
+        return new
 
     def reset(self, initial: Any = None, lengths: Mapping[str, Length] | None = None) -> None:
         """Retain ``initial`` (a mapping, a saved file, or None: zeros) in place of the state;
@@ -356,18 +368,34 @@ class State:
             self._lock.release()
 
     def rewind(self, lengths: Mapping[str, Length] | int) -> None:
-        """Lower published lengths (an int applies to every READ_WRITE buffer): the next run
-        may write again from there. Raising a length is a :class:`StateInitError`."""
+        """Lower published lengths (an int applies to every READ_WRITE buffer and every
+        paged cache): the next run writes again from there. Raising a length, or naming
+        something that has none, is a :class:`StateInitError`; nothing changes then."""
         if not self._lock.acquire(blocking=False):
             raise StateBusyError("State.rewind: a call is active on this state (rule R5)")
         try:
             self._check_open()
-            given = dict.fromkeys(self._lengths, lengths) if isinstance(lengths, int) else dict(lengths)
+            paged = {k: a for k, a in self._values.items() if _is_paged(a)}
+            if isinstance(lengths, int) and not isinstance(lengths, bool):
+                given: dict[str, Any] = dict.fromkeys([*self._lengths, *paged], lengths)
+            elif isinstance(lengths, Mapping):
+                given = dict(lengths)
+            else:
+                raise StateInitError(f"rewind takes an int or a mapping of lengths, got {type(lengths).__name__}")
+            to_cut = {k: given.pop(k) for k in list(given) if k in paged}
             new = self._initial_lengths({**self._lengths, **given})
             up = [k for k in given if np.any(np.asarray(new[k]) > np.asarray(self._lengths[k]))]
+            for k, n in to_cut.items():
+                if not isinstance(n, (int, np.integer)) or isinstance(n, bool) or n < 0:
+                    raise StateInitError(f"rewind: the length of paged cache {k!r} must be an int >= 0, got {n!r}")
+                if n > paged[k].length:
+                    up.append(k)
             if up:
+                published = self.lengths
                 raise StateInitError(f"rewind can only lower published lengths; {up} would grow "
-                                     f"(published: {[self._lengths[k] for k in up]})")
+                                     f"(published: {[published[k] for k in up]})")
+            for k, n in to_cut.items():
+                paged[k].truncate(int(n))
             self._lengths = new
         finally:
             self._lock.release()

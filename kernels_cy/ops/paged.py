@@ -6,8 +6,15 @@ typed as a struct category, bound READ_WRITE). Before / after one decode step::
     updated = PagedCacheUpdate(cache, key, value, position)   # updated IS cache (MUST_ALIAS)
     y = PagedAttention(query, updated)                        # attends [0, updated.length)
 
-PagedCacheUpdate quantizes the new tokens into their pages; the run counters see only the
-page payloads it allocates (exactly one page's bytes for a missing page, the new page's
+A step is a transaction: PagedCacheUpdate stages the new tokens (the page already
+holding tokens below them in the cache's staging page, new pages as new payloads; see
+:mod:`~onnxforge.kernels_cy.paged`) and records the stage in the run's context;
+PagedAttention of that cache in the same run reads the published pages plus the staged
+ones. The stage is committed (the staging page swapped in, aging pages converted, the
+length published) only when the whole run succeeds, by the state that owns the cache or,
+for a cache fed to a stateless run, by the session; a failed run discards it and leaves
+every page and the length bitwise as they were. The run counters see only the page
+payloads a step allocates (exactly one page's bytes for a page it starts, the new page's
 bytes for a page that ages into another format, nothing for an existing page).
 PagedAttention decodes one page of one KV head at a time into the cache's fixed workspace.
 """
@@ -36,26 +43,27 @@ class PagedCacheUpdate(Kernel):
 
     def run(self, ctx, cache, key, value, position):
         c = _cache(self, cache)
-        floor = ctx.floor(c)
-        if isinstance(floor, int) and floor < c.length:
-            c.truncate(floor)  # tokens of a failed run above the published length: dropped
-        last = c.update(key, value, position)
-        if floor is not None:
-            ctx.wrote(c, c.length)
-        if last.allocated_bytes:
-            ctx.mem.hold(last.allocated_bytes)
-        if last.copied_bytes:
-            ctx.mem.copied_only(last.copied_bytes)
+        if id(c) in ctx.staged:
+            raise self.error("the cache is written twice in one run; one PagedCacheUpdate per cache and step")
+        stage = c.stage(key, value, position)
+        ctx.staged[id(c)] = stage  # committed with the run, discarded if it fails
+        if stage.allocated_bytes:
+            ctx.mem.hold(stage.allocated_bytes)
+        if stage.copied_bytes:
+            ctx.mem.copied_only(stage.copied_bytes)
         return c
 
 
 @register("ai.onnxforge", "PagedAttention")
 class PagedAttention(Kernel):
-    """(query [1, Hq, S, D], cache, total_length?) -> [1, Hq, S, D], causal over the cache.
+    """(query [1, Hq, S, D], cache, total_length?) -> [1, Hq, S, D], causal over the cache
+    (the published pages, plus the tokens a PagedCacheUpdate of this run staged).
 
     Attributes: ``scale`` (default 1/sqrt(D)), ``num_heads`` and ``kv_num_heads``
     (optional; checked against the shapes when given).
     """
+
+    uses_context = True
 
     def __init__(self, spec: NodeSpec):
         super().__init__(spec)
@@ -67,8 +75,9 @@ class PagedAttention(Kernel):
             raise spec.fail(f"num_heads={self.num_heads} must be a multiple of kv_num_heads={self.kv_heads}")
         self.threads_for = spec.threads_for
 
-    def run(self, query, cache, total_length=None):
+    def run(self, ctx, query, cache, total_length=None):
         c = _cache(self, cache)
+        stage = ctx.staged.get(id(c))
         if not isinstance(query, np.ndarray) or query.ndim != 4 or query.shape[0] != 1:
             raise self.error(f"query must be float32 [1, Hq, S, D], got "
                              f"{list(getattr(query, 'shape', ())) or type(query).__name__}")
@@ -83,6 +92,6 @@ class PagedAttention(Kernel):
             if t.size != 1 or t.dtype.kind not in "iu":
                 raise self.error(f"total_length must be one integer, got {t.dtype} {list(t.shape)}")
             total = int(t.reshape(-1)[0])
-        n = c.length if total is None else total
+        n = (c.length if stage is None else stage.length) if total is None else total
         nt = self.threads_for(n * hq * query.shape[2] * query.shape[3] * 2)
-        return c.attend(query, total, self.scale, nt)
+        return c.attend(query, total, self.scale, nt, stage=stage)

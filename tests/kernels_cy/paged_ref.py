@@ -152,6 +152,27 @@ def dense(cache) -> tuple[np.ndarray, np.ndarray]:
     return full[0], full[1]
 
 
+def pages(cache) -> list:
+    """``(format, payload copy)`` of every page of a PagedKVCache (None for a missing one)."""
+    return [None if f is None else (f, cache.page_payload(i).copy()) for i, f in enumerate(cache.page_formats())]
+
+
+def dense_as_seen(before: list, cache, position: int) -> tuple[np.ndarray, np.ndarray]:
+    """K, V [H, length, D] as a step that wrote from ``position`` read them: the pages
+    below the one holding ``position`` as they were before the step (``before``, from
+    :func:`pages`; a page aging in that step converts only when it commits) and the
+    pages the step wrote as the cache holds them now."""
+    h, p, d = cache.kv_heads, cache.page_size, cache.head_dim
+    first = position // p
+    n = -(-cache.length // p)
+    out = []
+    for i in range(n):
+        fmt, payload = before[i] if i < first else (cache.page_format(i), cache.page_payload(i))
+        out.append(decode(fmt, payload, h, p, d))
+    full = np.concatenate(out, axis=2)[:, :, :cache.length]
+    return full[0], full[1]
+
+
 def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float | None = None) -> np.ndarray:
     """float64 causal grouped-query attention: q [1, Hq, S, D], k/v [Hkv, T, D] -> [1, Hq, S, D]."""
     _, hq, s, d = q.shape

@@ -62,7 +62,7 @@ def _run_threads(fn, n: int) -> list:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("variant", ["genai_fp32", "torch23"])
+@pytest.mark.parametrize("variant", ["genai_fp32", "genai_int4", "torch23"])
 def test_eight_states_over_one_session_decode_like_each_alone(decoder_models, variant):
     """8 threads, one session, a state each, 200 steps each: every thread's tokens and
     logits are bitwise those of the same decode run alone."""
