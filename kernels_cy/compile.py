@@ -454,10 +454,10 @@ class Compiler:
                 args.append(consts[id(v)])
             else:  # Shape of a statically shaped value
                 args.append(np.empty(_static_shape(v), dtype=np.uint8))
-        if getattr(kern, "uses_context", False):
-            res = kern.run(RunContext(), *args)
-        else:
-            res = kern.run(*args)
+        try:
+            res = kern.run(RunContext(), *args) if getattr(kern, "uses_context", False) else kern.run(*args)
+        except (OnnxforgeError, ArithmeticError, LookupError, ValueError, TypeError, AttributeError):
+            return None  # not folded: the run raises the kernel's error, naming the node
         vals = [np.asarray(a) for a in (list(res) if len(node.outputs) > 1 else [res])]
         if any(a.dtype == object or a.size > FOLD_LIMIT for a in vals):
             return None

@@ -7,7 +7,11 @@ releases afterwards. Running it touches no IR object and no dict: it fills a lis
 of slots with the feeds and the constants, calls each kernel with a tuple of its
 input arrays (preceded by the run's context for the kernels that take it, see
 ``kernels_cy/runctx.py``), stores the results and drops released slots. A program
-holds nothing a run writes, so any number of threads may run it at once.
+holds nothing a run writes, so any number of threads may run it at once. An error a
+kernel raises on purpose (an ``OnnxforgeError``) gets a note naming the step; any
+other ``ArithmeticError``, ``LookupError``, ``ValueError``, ``TypeError`` or
+``AttributeError`` becomes a :class:`KernelError` naming the step, so no raw numpy or
+Python error reaches a caller.
 
 :class:`Counters` is the one allocator's bookkeeping: bytes of kernel outputs
 (``allocated``), bytes moved without computing a value (``copied``), and the peak
@@ -20,6 +24,9 @@ from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
 from libc.stdlib cimport calloc, free
 
 import numpy as np
+
+from onnxforge.kernels_cy.errors import KernelError
+from onnxforge.proto_ext.errors import OnnxforgeError
 
 cnp.import_array()
 
@@ -168,10 +175,12 @@ cdef class Program:
                     PyTuple_SET_ITEM(args, j + c, obj)
                 try:
                     res = PyObject_Call(self.fns[k], args, NULL)
-                except BaseException as exc:
-                    if hasattr(exc, "add_note"):
-                        exc.add_note(f"while running {self.names[k]}")
+                except OnnxforgeError as exc:
+                    exc.add_note(f"while running {self.names[k]}")
                     raise
+                except (ArithmeticError, LookupError, ValueError, TypeError, AttributeError) as exc:
+                    # a check a kernel missed: typed, naming the node, never numpy's raw error
+                    raise KernelError(f"{self.names[k]}: {type(exc).__name__}: {exc}") from exc
                 base = self.out_off[k]
                 n = self.out_off[k + 1] - base
                 if n == 1:

@@ -115,6 +115,7 @@ class _InputSpec:
     default: np.ndarray | None
     struct: bool = False  # typed TypeProto.struct_type: a structured value, passed as it is
     fixed: tuple[tuple[int, int], ...] = ()  # (axis, size) of every concrete dimension
+    other: str | None = None  # a type the backend does not run (sequence, optional, map): its name
 
     def __post_init__(self) -> None:
         if self.shape is not None:
@@ -167,7 +168,9 @@ class InferenceSession:
         default = None
         if v.const is not None:
             default = self._cg_const(v)
-        return _InputSpec(v.name, dtype, shape, v.access == READ_WRITE, default, isinstance(t, StructType))
+        other = None if t is None or isinstance(t, (TensorType, StructType)) else _type_string(t)
+        return _InputSpec(v.name, dtype, shape, v.access == READ_WRITE, default, isinstance(t, StructType),
+                          other=other)
 
     def _cg_const(self, v: Value) -> np.ndarray:
         from onnxforge.kernels_cy.compile import Compiler
@@ -204,9 +207,34 @@ class InferenceSession:
                        else self._check(s, x))
         if missing:
             raise FeedError(f"missing feed(s) {missing}")
+        self._check_disjoint(out, trusted)
         return out
 
+    def _check_disjoint(self, args: list[Any], trusted: frozenset[str]) -> None:
+        """Two READ_WRITE inputs never share storage (rule R2): one buffer, or overlapping
+        views, fed to both would have each write clobber the other's. A state's retained
+        buffers are disjoint by construction (it checks them when it binds them)."""
+        spans: list[tuple[int, int, str]] = []
+        fresh = False
+        for spec, x in zip(self._specs, args):
+            if not spec.read_write or x is None:
+                continue
+            fresh = fresh or spec.name not in trusted
+            for a in ([x] if isinstance(x, np.ndarray) else list(x.values()) if isinstance(x, dict) else []):
+                if isinstance(a, np.ndarray) and a.nbytes:
+                    spans.append((*_byte_span(a), spec.name))
+        if not fresh or len(spans) < 2:
+            return
+        spans.sort()
+        for (_, hi, a), (lo, _, b) in zip(spans, spans[1:]):
+            if lo < hi:
+                raise FeedError(f"READ_WRITE inputs {a!r} and {b!r} share storage: each in-place input "
+                                f"needs its own buffer (rule R2), or one's writes would change the other")
+
     def _check(self, s: _InputSpec, x: Any) -> Any:
+        if s.other is not None:
+            raise FeedError(f"input {s.name!r} is typed {s.other}: the CPU backend runs tensor and struct "
+                            f"values only, so it cannot take this input")
         if s.struct:
             return _check_struct(s, x)
         if s.read_write:
@@ -286,6 +314,18 @@ class InferenceSession:
         if output_names is None:
             return list(outs)
         return [outs[self._out_index[n]] for n in output_names]
+
+
+def _byte_span(a: np.ndarray) -> tuple[int, int]:
+    """The first and one-past-last byte addresses an array's elements occupy."""
+    lo = hi = int(a.__array_interface__["data"][0])
+    for n, st in zip(a.shape, a.strides):
+        ext = (n - 1) * st
+        if ext < 0:
+            lo += ext
+        else:
+            hi += ext
+    return lo, hi + a.itemsize
 
 
 def _check_struct(s: _InputSpec, x: Any) -> Any:
