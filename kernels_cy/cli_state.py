@@ -23,6 +23,7 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -95,26 +96,42 @@ def _prompt(args: argparse.Namespace) -> list[int]:
     return ids
 
 
-def _stateful(model: Model | str, capacity: int, options: dict[str, Any] | None = None) -> Model:
-    """``model`` itself when it declares bindings, else its stateful rewrite (a path lets
-    the rewrite read the ``genai_config.json`` next to it); ``options``: ``cache``,
+def _stateful(model: Model, capacity: int, options: dict[str, Any] | None = None,
+              genai_config: dict[str, Any] | None = None) -> Model:
+    """``model`` itself when it declares bindings, else its stateful rewrite (with the
+    ``genai_config.json`` of the model's folder, when it has one); ``options``: ``cache``,
     ``page_size`` and ``formats`` of ``make_stateful``."""
-    from onnxforge.passes.stateful import make_stateful, read_genai_config
+    from onnxforge.passes.stateful import make_stateful
 
     options = dict(options or {})
-    if not isinstance(model, Model):
-        from onnxforge.graphbuilder import serde
-
-        loaded = serde.load(model)
-        if loaded.graph.bindings:
-            _no_layout_for_stateful(options)
-            return loaded
-        return make_stateful(loaded, max_length=capacity, batch=1, genai_config=read_genai_config(model),
-                             **options)
     if model.graph.bindings:
         _no_layout_for_stateful(options)
         return model
-    return make_stateful(model, max_length=capacity, batch=1, **options)
+    return make_stateful(model, max_length=capacity, batch=1, genai_config=genai_config, **options)
+
+
+def _context(model: Model, config: dict[str, Any] | None) -> tuple[int, str] | None:
+    """The most positions the model can attend to, and where that number comes from:
+    genai_config.json's ``model.context_length``, else the rows of the rotary cache
+    (``cos_cache``'s first dimension); None when neither says."""
+    length = ((config or {}).get("model") or {}).get("context_length")
+    if isinstance(length, int) and not isinstance(length, bool) and length > 0:
+        return length, "model.context_length of genai_config.json"
+    for g in model.all_graphs():
+        for v in g.all_initializers():
+            dims = getattr(v.const, "dims", None)
+            if v.name.rsplit("/", 1)[-1].endswith("cos_cache") and dims and isinstance(dims[0], int):
+                return int(dims[0]), f"the rows of the rotary cache {v.name!r}"
+    return None
+
+
+def _fit(prompt: list[int], new: int, limit: int, source: str) -> int:
+    """``new``, clamped so that every fed position (prompt, then each generated token but
+    the last) fits in ``limit``; a prompt longer than ``limit`` is an error."""
+    if len(prompt) > limit:
+        raise FeedError(f"the prompt has {len(prompt)} tokens, more than the {limit} the model can "
+                        f"attend to ({source}); shorten the prompt")
+    return min(new, limit - len(prompt) + 1)
 
 
 def _no_layout_for_stateful(options: dict[str, Any]) -> None:
@@ -130,18 +147,37 @@ def _capacity(state: Any) -> int | None:
 
 
 def generate(model: Model | str, prompt: list[int], new: int, *, threads: int | None = None,
-             progress: bool = True, cache: dict[str, Any] | None = None) -> dict[str, Any]:
+             progress: bool = True, cache: dict[str, Any] | None = None,
+             warn: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Decode ``new`` tokens after ``prompt`` greedily; returns the per-step report.
 
     ``cache``: ``make_stateful`` keywords for a model that is converted first
     (``{"cache": "paged", "page_size": 16, "formats": "float32,int8"}``); with a paged
     cache the report adds ``page_formats`` (per step, each cache's page formats from
-    the oldest page, None for a page not allocated)."""
+    the oldest page, None for a page not allocated).
+
+    ``new`` is clamped, before decoding, to the model's context: genai_config.json's
+    ``context_length`` when the model's folder has one, else the rotary cache's rows,
+    else the state's cache capacity. ``warn`` is then called with a message and the
+    report adds ``clamped`` (``{"asked", "new", "context", "source"}``). A prompt
+    longer than the context raises :class:`FeedError`."""
     from onnxforge.kernels_cy.state import make_state
+    from onnxforge.passes.stateful import read_genai_config
 
     if new < 1:
         raise FeedError(f"--new must be a positive int, got {new!r}")
-    model = _stateful(model, len(prompt) + new, cache)
+    config = None
+    if not isinstance(model, Model):
+        from onnxforge.graphbuilder import serde
+
+        config = read_genai_config(model)
+        model = serde.load(model)
+    asked, clamped = new, None
+    context = _context(model, config)
+    if context is not None:
+        new = _fit(prompt, new, *context)
+        clamped = context if new < asked else None
+    model = _stateful(model, len(prompt) + new, cache, config)
     state = make_state(model, threads=threads, dims={"batch_size": 1, "batch": 1})
     try:
         free = [v.name for v in model.graph.inputs if v.name not in {b.input for b in state.bindings}]
@@ -151,9 +187,15 @@ def generate(model: Model | str, prompt: list[int], new: int, *, threads: int | 
                              f"the model's per-call inputs are {free}")
         cap = _capacity(state)
         if cap is not None and len(prompt) + new - 1 > cap:
-            raise StateError(f"prompt ({len(prompt)}) + new tokens ({new}) exceed the cache capacity {cap}")
+            new = _fit(prompt, new, cap, "the capacity of the state's caches")
+            clamped = (cap, "the capacity of the state's caches")
         report: dict[str, Any] = {"tokens": [], "step_ms": [], "cache_bytes": [], "allocated_bytes": [],
                                   "copied_bytes": [], "cache_addresses": []}
+        if clamped is not None:
+            report["clamped"] = {"asked": asked, "new": new, "context": clamped[0], "source": clamped[1]}
+            if warn is not None:
+                warn(f"--new {asked} clamped to {new}: the prompt ({len(prompt)} tokens) and the "
+                     f"generated tokens fill the model's context of {clamped[0]} positions ({clamped[1]})")
         values = state.values  # a paged cache is updated in place: the same object every step
         paged = {b.input: values[b.input] for b in state.bindings
                  if b.structured and hasattr(values[b.input], "page_formats")}
@@ -193,7 +235,8 @@ def generate(model: Model | str, prompt: list[int], new: int, *, threads: int | 
 def generate_command(args: argparse.Namespace, label: str | None = None) -> int:
     """Run ``generate`` for ``args.model`` (a path or an IR model); returns the exit status."""
     report = generate(args.model, _prompt(args), int(args.new), threads=args.threads,
-                      progress=not getattr(args, "quiet", False), cache=cache_options(args))
+                      progress=not getattr(args, "quiet", False), cache=cache_options(args),
+                      warn=lambda message: print(f"warning: {message}", file=sys.stderr, flush=True))
     if args.json:
         print(json.dumps(report))
         return 0

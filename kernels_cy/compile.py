@@ -453,7 +453,7 @@ class Compiler:
             elif id(v) in consts:
                 args.append(consts[id(v)])
             else:  # Shape of a statically shaped value
-                args.append(np.empty(_static_shape(v), dtype=np.uint8))
+                args.append(np.broadcast_to(np.zeros((), np.uint8), _static_shape(v)))  # no allocation
         try:
             res = kern.run(RunContext(), *args) if getattr(kern, "uses_context", False) else kern.run(*args)
         except (OnnxforgeError, ArithmeticError, LookupError, ValueError, TypeError, AttributeError):

@@ -10,7 +10,7 @@ from onnxforge.proto_ext.errors import OnnxforgeError
 __all__ = ["BackendError", "CacheRangeError", "FeedError", "KernelDtypeError", "KernelError",
            "PageCapacityError", "PageFormatError", "PageIdError", "PageShapeError", "PagedCacheError",
            "StateAliasError", "StateBusyError", "StateClosedError", "StateError", "StateFeedError",
-           "StateInitError", "UnsupportedAttributeError", "UnsupportedOperatorError"]
+           "StateFileError", "StateInitError", "UnsupportedAttributeError", "UnsupportedOperatorError"]
 
 
 class BackendError(OnnxforgeError, ValueError):
@@ -76,6 +76,18 @@ class StateInitError(StateError):
     """An initial or restored state value that cannot be retained as it is (rules R2, R6, R7):
     missing, unknown, wrong dtype or shape, non-writable or non-contiguous READ_WRITE storage,
     storage already bound to another live state, or a symbolic dimension with no size."""
+
+
+class StateFileError(StateInitError):
+    """A state file that cannot be restored: unreadable, truncated, corrupted (a checksum
+    or a padding byte does not match), of another format or version, or saved from a
+    state whose declared identity differs (bound inputs, dtypes, shapes, capacities,
+    page geometry or format policy) or whose lengths exceed their capacities. The
+    message names the file (also in ``path``) and what is wrong; nothing was restored."""
+
+    def __init__(self, message: str, *, path: str | None = None):
+        super().__init__(message)
+        self.path = path
 
 
 class StateFeedError(StateError, FeedError):

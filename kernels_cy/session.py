@@ -50,7 +50,7 @@ from onnxforge.kernels_cy.ops import fast
 from onnxforge.kernels_cy.runctx import Length, RunContext, RunLengths
 from onnxforge.kernels_cy.threads import BLAS
 from onnxforge.proto_ext.dtypes import np_dtype
-from onnxforge.proto_ext.errors import CodecError, OnnxforgeError
+from onnxforge.proto_ext.errors import CodecError, OnnxforgeError, VerificationError
 from onnxforge.proto_ext.types import StructType, TensorType, type_name
 
 __all__ = ["InferenceSession", "Length", "NodeArg", "RunContext", "RunCounters", "RunLengths", "backend_ops",
@@ -96,14 +96,28 @@ def _type_string(t: Any) -> str:
 
 
 def _load(model: Any) -> Model:
+    """The IR of ``model`` once it keeps every static rule (X1 and X2 included), checked
+    before anything is compiled: a path or bytes on its wire view before the IR is built,
+    an IR model on its own view, never serialized. A model that breaks a rule raises
+    :class:`VerificationError` naming the rule and the path, never an error from deep
+    inside the compiler."""
+    from onnxforge.proto_ext.verify.source import source_violations
+
+    if isinstance(model, Model):
+        source: Any = model
+    elif isinstance(model, (str, os.PathLike, bytes, bytearray, memoryview)) or hasattr(model, "SerializeToString"):
+        source = model
+    else:
+        raise BackendError(f"InferenceSession needs an IR Model, a ModelProto, bytes or a path, "
+                           f"got {type(model).__name__}")
+    violations = source_violations(source)
+    if violations:
+        raise VerificationError(violations)
     if isinstance(model, Model):
         return model
     from onnxforge.graphbuilder import serde
 
-    if isinstance(model, (str, os.PathLike, bytes, bytearray, memoryview)) or hasattr(model, "SerializeToString"):
-        return serde.load(model)
-    raise BackendError(f"InferenceSession needs an IR Model, a ModelProto, bytes or a path, "
-                       f"got {type(model).__name__}")
+    return serde.load(model)
 
 
 @dataclass(slots=True)
@@ -132,10 +146,14 @@ def backend_ops() -> list[tuple[str, str]]:
 class InferenceSession:
     """A model compiled into a flat plan for the CPU backend."""
 
-    def __init__(self, model: Any, threads: int | None = None, fallback: str | None = None):
+    def __init__(self, model: Any, threads: int | None = None, fallback: str | None = None, *,
+                 verify: bool = True):
+        """Compile ``model``; it is verified first (every static rule; ``verify=False``
+        only for an IR model its caller built and checked, such as a decoder function's
+        body)."""
         if threads is not None and (not isinstance(threads, int) or threads < 1):
             raise BackendError(f"threads must be None or a positive int, got {threads!r}")
-        self.model = _load(model)
+        self.model = _load(model) if verify or not isinstance(model, Model) else model
         self.threads = threads
         effects = None
         try:

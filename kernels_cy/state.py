@@ -8,7 +8,7 @@ returns a :class:`State` that supplies the bound inputs itself::
     out = state.run({"input_ids": ids, "position": np.array(0)})
     out = state.run({"input_ids": nxt, "position": np.array(3)})
     state.values["cache.0.key"]                     # a read-only view, no copy
-    state.save("state.npz"); make_state(model, initial="state.npz")
+    state.save("state.bin"); make_state(model, initial="state.bin")
 
 It is the ordinary stateless loop, with the retained values handed over by owner::
 
@@ -59,7 +59,6 @@ e.g. a ``Cache`` category) is retained like a tensor: a dict of field arrays
 """
 from __future__ import annotations
 
-import json
 import os
 import threading
 import weakref
@@ -73,7 +72,6 @@ from onnxforge.kernels_cy.errors import (
     StateAliasError,
     StateBusyError,
     StateClosedError,
-    StateError,
     StateFeedError,
     StateInitError,
 )
@@ -119,11 +117,6 @@ class Binding:
 # Addresses of READ_WRITE buffers retained by live states: one owner per buffer (R2).
 _owners_lock = threading.Lock()
 _owners: dict[int, tuple[int, int, weakref.ref]] = {}  # start address -> (end, state id, state)
-
-
-_LENGTHS_KEY = "onnxforge.lengths"  # entries of a saved state file that are not bound inputs
-_FIELDS_KEY = "onnxforge.fields"
-_PAGED_KEY = "onnxforge.paged"  # the paged caches, as one serialized extended ModelProto
 
 
 def _address(a: np.ndarray) -> int:
@@ -412,36 +405,42 @@ class State:
             self._lock.release()
 
     def save(self, path: str | os.PathLike) -> None:
-        """Write the retained values and their published lengths to one ``.npz`` file
-        (``make_state(model, initial=path)`` restores both). A structured value's fields
-        are stored as ``name.field``; a runtime cache object cannot be saved this way."""
-        self._check_open()
-        arrays: dict[str, np.ndarray] = {}
-        fields: dict[str, list[str]] = {}
-        paged: dict[str, Any] = {}
-        for k, a in self._values.items():
-            if isinstance(a, np.ndarray):
-                arrays[k] = a
-            elif isinstance(a, dict):
-                fields[k] = list(a)
-                arrays.update({f"{k}.{f}": x for f, x in a.items()})
-            elif _is_paged(a):
-                paged[k] = a
-            else:
-                raise StateError(f"State.save: bound input {k!r} holds a {type(a).__name__} runtime "
-                                 f"object, which has no array form to write")
-        meta = {_LENGTHS_KEY: json.dumps({k: _json_length(v) for k, v in self._lengths.items()}),
-                _FIELDS_KEY: json.dumps(fields)}
-        if paged:  # the caches' wire form: one extended ModelProto of encoded pages
-            from onnxforge.proto_ext.codecs.kvcache import (
-                PagedCacheValue,
-                cache_to_bytes,
-            )
+        """Write the retained values and their published lengths to one state file
+        (``make_state(model, initial=path)`` and ``reset(path)`` restore both).
 
-            data = cache_to_bytes({k: PagedCacheValue.from_cache(c) for k, c in paged.items()})
-            arrays[_PAGED_KEY] = np.frombuffer(data, np.uint8)
-        with open(path, "wb") as fh:
-            np.savez(fh, **arrays, **{k: np.array(v) for k, v in meta.items()})  # type: ignore[arg-type]
+        The file (format: :mod:`onnxforge.kernels_cy.statefile`) records a format
+        version, a SHA-256 checksum per payload (each array, each struct field, each
+        paged cache's encoded pages) and the declared identity: each bound input's name,
+        dtype and shape, capacities and published lengths, and for paged caches the page
+        size, page count, KV heads, head dimension and format policy. The state's lock is
+        held throughout, so no run starts meanwhile (a run already active is a
+        :class:`StateBusyError`). The file is written beside ``path`` under a temporary
+        name, fsynced and renamed onto ``path``: on any failure (``OSError`` of a full
+        disk...) the temporary file is removed and a previous file stays as it was. A
+        runtime cache object other than a paged cache has no file form (:class:`StateError`).
+        """
+        if not self._lock.acquire(blocking=False):
+            raise StateBusyError("State.save: a call is active on this state (rule R5)")
+        try:
+            self._check_open()
+            from onnxforge.kernels_cy import statefile
+
+            statefile.write_state(path, self._file_slots(), self._values, self._lengths)
+        finally:
+            self._lock.release()
+
+    def _file_slots(self) -> list[Any]:
+        """The declared identity of each bound input, as a state file records and checks it."""
+        from onnxforge.kernels_cy import statefile
+
+        model = self._session.model
+        out = []
+        for b in self._bindings:
+            layout = _paged_layout(model, b.input) if b.structured else None
+            paged = None if layout is None else statefile.PagedGeometry(*layout)
+            axis = statefile.token_axis(model, b.input) if b.read_write and not b.structured else None
+            out.append(statefile.Slot(b.input, b.dtype, b.shape, b.read_write, paged, axis))
+        return out
 
     def __enter__(self) -> State:
         return self
@@ -529,8 +528,8 @@ class State:
 
     def _initial(self, initial: Any) -> tuple[dict[str, Any], dict[str, Length] | None]:
         """The values to retain and, for a saved file, its published lengths."""
-        if isinstance(initial, (str, os.PathLike)):
-            values, lengths = _read_saved(initial)
+        if isinstance(initial, (str, os.PathLike)):  # every byte and declaration checked first
+            values, lengths = _read_saved(initial, self._file_slots())
             return self._initial(values)[0], lengths
         given = dict(initial or {})
         unknown = [k for k in given if k not in self._by_input]
@@ -664,49 +663,12 @@ def _paged_layout(model: Model, name: str) -> tuple[int, int, int, int, tuple[st
     return h, d, page, int(consts["capacity"]) // page, formats
 
 
-def _restore_paged(path: str | os.PathLike, data: np.ndarray) -> dict[str, Any]:
-    """The paged caches of a saved state, each page verified (rules K6-K9) and set."""
-    from onnxforge.kernels_cy.paged import PagedKVCache
-    from onnxforge.proto_ext.codecs.kvcache import cache_from_bytes
-    from onnxforge.proto_ext.errors import VerificationError
+def _read_saved(path: str | os.PathLike, slots: list[Any]) -> tuple[dict[str, Any], dict[str, Length]]:
+    """The values and lengths of a state file, checked against ``slots`` (a
+    :class:`~onnxforge.kernels_cy.errors.StateFileError` otherwise)."""
+    from onnxforge.kernels_cy import statefile
 
-    try:
-        caches = cache_from_bytes(data.tobytes())
-    except (VerificationError, CodecError, ValueError) as e:
-        raise StateInitError(f"saved state {os.fspath(path)!r}: its paged caches do not load: {e}") from None
-    out: dict[str, Any] = {}
-    for name, v in caches.items():
-        c = PagedKVCache(v.kv_heads, v.head_dim, v.page_size, v.num_pages, formats=v.formats)
-        for i, page in enumerate(v.pages):
-            if page is not None:
-                c.set_page(i, page[0], np.frombuffer(page[1], np.uint8).copy())
-        c.set_length(v.length)
-        out[name] = c
-    return out
-
-
-def _json_length(v: Length) -> int | list[int]:
-    return v if isinstance(v, int) else list(v)
-
-
-def _read_saved(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, Length] | None]:
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            arrays = {k: z[k] for k in z.files}
-        lengths = json.loads(str(arrays.pop(_LENGTHS_KEY))) if _LENGTHS_KEY in arrays else None
-        fields = json.loads(str(arrays.pop(_FIELDS_KEY))) if _FIELDS_KEY in arrays else {}
-        paged = arrays.pop(_PAGED_KEY, None)
-    except (OSError, ValueError) as e:
-        raise StateInitError(f"cannot read saved state {os.fspath(path)!r}: {e}") from None
-    values: dict[str, Any] = {k: a for k, a in arrays.items()
-                              if not any(k.startswith(f"{s}.") for s in fields)}
-    for name, names in fields.items():
-        values[name] = {f: arrays[f"{name}.{f}"] for f in names}
-    if paged is not None:
-        values.update(_restore_paged(path, paged))
-    if lengths is not None:
-        lengths = {k: (v if isinstance(v, int) else tuple(v)) for k, v in lengths.items()}
-    return values, lengths
+    return statefile.read_state(path, slots)
 
 
 def make_state(model: Any, initial: Any = None, threads: int | None = None, *,
@@ -731,5 +693,5 @@ def make_state(model: Any, initial: Any = None, threads: int | None = None, *,
                                  f"threads={model.threads}; a state runs with its session's bound")
         session = model
     else:
-        session = InferenceSession(_load(model), threads=threads)
+        session = InferenceSession(model, threads=threads)
     return State(session, _resolve(session.model), initial, dims, lengths)

@@ -40,6 +40,7 @@ _EXPORTS: dict[str, str] = {
     "ExternalDataError": "onnxforge.proto_ext.errors",
     "ModelFileError": "onnxforge.proto_ext.errors",
     "OnnxforgeError": "onnxforge.proto_ext.errors",
+    "StateFileError": "onnxforge.kernels_cy.errors",
     "VerificationError": "onnxforge.proto_ext.errors",
     "WireError": "onnxforge.proto_ext.errors",
     # models: load, check, transform, save
@@ -81,6 +82,7 @@ if TYPE_CHECKING:
     from onnxforge.graphbuilder.ir import MUST_ALIAS as MUST_ALIAS
     from onnxforge.graphbuilder.ir import READ_ONLY as READ_ONLY
     from onnxforge.graphbuilder.ir import READ_WRITE as READ_WRITE
+    from onnxforge.kernels_cy.errors import StateFileError as StateFileError
     from onnxforge.kernels_cy.session import InferenceSession as InferenceSession
     from onnxforge.kernels_cy.session import backend_ops as backend_ops
     from onnxforge.kernels_cy.state import make_state as make_state

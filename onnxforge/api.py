@@ -1,21 +1,16 @@
 """The public facade's functions (re-exported by ``onnxforge``)."""
 from __future__ import annotations
 
-import mmap
 import os
 from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
-from onnxforge.errors import CodecError, OnnxforgeError, VerificationError, Violation, WireError
+from onnxforge.errors import CodecError, OnnxforgeError, VerificationError, Violation
 
 __all__ = ["decode_value", "verify", "check", "load", "load_verified", "save", "to_standard_onnx",
            "infer_shapes", "optimize"]
-
-_VIEW_MIN = 1024
-"""Main-graph payloads of at least this many bytes are checked through views, never copied."""
-
 
 def _is_ir(model: Any) -> bool:
     from onnxforge.graphbuilder.ir import Model
@@ -49,68 +44,23 @@ def load(source: Any, *, model_dir: str | None = None):
 
 def save(model: Any, path: str | os.PathLike, *, external_data: str | None = None,
          size_threshold: int = 1024) -> None:
-    """Write ``model`` (IR or ModelProto) as extended ONNX, losslessly."""
+    """Write ``model`` (IR or ModelProto) as extended ONNX, losslessly.
+
+    Payloads that were external are written to ``<file name>.data`` beside ``path``
+    (``out.onnx`` -> ``out.onnx.data``), so models saved into one folder never share
+    a data file; ``external_data`` names another file and makes every payload of at
+    least ``size_threshold`` bytes external. The files are written to temporary
+    names and renamed, so a failed save leaves the previous files intact."""
     from onnxforge.graphbuilder import serde
 
     serde.save(load(model), path, external_data=external_data, size_threshold=size_threshold)
 
 
-def _check_bytes(data: Any, model_dir: str | None) -> list[Violation]:
-    """Static-rule violations of serialized model bytes (``bytes`` or an ``mmap``), found on
-    the wire view like :func:`check` does, but without copying the large main-graph
-    payloads: the rules need only their sizes, which views of ``data`` give."""
-    from onnxforge.proto_ext import schema
-    from onnxforge.proto_ext.convert import encoded_from_proto
-    from onnxforge.proto_ext.verify import check as _check
-    from onnxforge.proto_ext.verify.wire import wire_violations
-    from onnxforge.proto_ext.view import view_from_proto
-    from onnxforge.proto_ext.wirescan import KIND_ENCODED, payload_views, strip_payloads
-
-    try:
-        stripped = strip_payloads(data, min_size=_VIEW_MIN)
-    except WireError as exc:
-        raise WireError(f"cannot parse ModelProto: {exc}") from None
-    message = schema.parse_model(stripped.skeleton)
-    view = view_from_proto(message, model_dir)
-    if stripped.payloads:
-        encoded = message.graph.encoded_initializer
-        for (kind, index), payload in payload_views(data, stripped).items():
-            if kind == KIND_ENCODED:
-                view.graph.encoded[index] = encoded_from_proto(encoded[index], raw_data=payload)
-    return wire_violations(message) + _check(view)
-
-
-def _check_path(path: str, model_dir: str | None) -> list[Violation]:
-    from onnxforge.proto_ext.schema import model_file_error
-
-    folder = model_dir if model_dir is not None else os.path.dirname(os.path.abspath(path))
-    try:
-        with open(path, "rb") as fh:
-            if os.fstat(fh.fileno()).st_size == 0:
-                raise WireError(f"{path!r} is empty: not an ONNX model")
-            mapping = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
-    except OSError as exc:
-        raise model_file_error(path, exc) from None
-    try:
-        return _check_bytes(mapping, folder)
-    finally:
-        try:
-            mapping.close()
-        except BufferError:  # a view still refers to it; it is unmapped with the last one
-            pass
-
-
 def _input_violations(model: Any, model_dir: str | None) -> list[Violation]:
-    """Every static-rule violation of an input model: on its wire view when it is a path,
-    bytes or a message (before the IR is built, so nothing the IR cannot hold, such as a
-    second definition of a name, escapes), on the IR's own view otherwise."""
-    from onnxforge.proto_ext.verify import check as _check
+    """Every static-rule violation of an input model (:func:`source_violations`)."""
+    from onnxforge.proto_ext.verify.source import source_violations
 
-    if isinstance(model, (str, os.PathLike)):
-        return _check_path(os.fspath(model), model_dir)
-    if isinstance(model, (bytes, bytearray, memoryview)):
-        return _check_bytes(model, model_dir)
-    return _check(model, model_dir)
+    return source_violations(model, model_dir)
 
 
 def load_verified(source: Any, *, model_dir: str | None = None):

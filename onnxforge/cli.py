@@ -122,6 +122,18 @@ def _output_dir(path: str) -> str:
     return path
 
 
+def _refuse_clobbering(source: str, output_model: str, *others: str) -> None:
+    """Refuse (exit 2, before anything is written) an output that is the input model or one
+    of its data files, or a file another model in the output folder keeps its data in.
+    ``output_model`` is written with its data in ``<output_model>.data``; ``others``: the
+    command's other output files."""
+    from onnxforge.proto_ext.outputs import check_targets, data_file_name
+
+    data = os.path.join(os.path.dirname(os.path.abspath(output_model)), data_file_name(output_model))
+    inputs = [] if source.startswith(_BUILTIN) else [source]
+    check_targets([output_model, data, *others], inputs=inputs, replaces=output_model)
+
+
 def _write_error(output: str, exc: OSError | ExternalDataError) -> CommandLineError:
     """The error for an output that could not be written (the input was valid)."""
     detail = (exc.strerror or str(exc)) if isinstance(exc, OSError) else exc.detail
@@ -184,9 +196,10 @@ PROGRESS_MIN_NODES = 5_000
 PROGRESS_MIN_BYTES_SAVE = 64 << 20
 
 
-def _copy_sidecars(source: str, output: str, model: Any) -> Any:
+def _copy_sidecars(source: str, output: str, model: Any, max_length: int | None = None) -> Any:
     """genai_config.json (updated, its changes recorded) and the other sidecar files of
-    the source folder, next to ``output``; None when there is nothing to copy."""
+    the source folder, next to ``output``; None when there is nothing to copy.
+    ``max_length``: a stateful model's cache capacity (the config's ``search.max_length``)."""
     from onnxforge.passes.export.sidecar import GENAI_CONFIG, copy_sidecar_files
 
     if source.startswith(_BUILTIN):
@@ -196,7 +209,7 @@ def _copy_sidecars(source: str, output: str, model: Any) -> Any:
         return None
     try:
         return copy_sidecar_files(src_dir, out_dir, model_filename=os.path.basename(output), model=model,
-                                  source_model=os.path.basename(source))
+                                  source_model=os.path.basename(source), max_length=max_length)
     except OSError as exc:
         raise _write_error(out_dir, exc) from exc
 
@@ -210,6 +223,7 @@ def _cmd_optimize(args: argparse.Namespace) -> int:
     from onnxforge.passes.pipeline import default_pass_manager, pipeline_for_opset
 
     output = _output_file(args.output)
+    _refuse_clobbering(args.model, output)
     given = _pass_names(args.passes)
     names: list[Any] = pipeline_for_opset(args.opset) if given is None else list(given)
     bar = None
@@ -329,7 +343,12 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
     from onnxforge.progress import is_large, stages
 
+    from onnxforge.passes.export.feedback import FEEDBACK_FILE
+    from onnxforge.passes.export.sidecar import CHANGES_FILE, GENAI_CONFIG
+
     out_dir = _output_dir(args.output)
+    _refuse_clobbering(args.model, os.path.join(out_dir, "model.onnx"),
+                       *(os.path.join(out_dir, f) for f in (FEEDBACK_FILE, GENAI_CONFIG, CHANGES_FILE)))
     with stages("export", ["verify and load", "lower and write"],
                 enabled=not args.quiet and is_large(args.model)) as step:
         step("verify and load")
@@ -385,7 +404,19 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     label = args.model
     if str(args.model).startswith(_BUILTIN):  # a path stays a path: genai_config.json sits beside it
         args.model = _load_ir(args.model, verified=True)
+    else:
+        _verify_file(args.model)
     return generate_command(args, label=label)
+
+
+def _verify_file(path: str) -> None:
+    """Raise VerificationError when the model file at ``path`` breaks a static rule
+    (checked on the wire, before anything builds its IR)."""
+    from onnxforge.api import check
+
+    violations = check(path)
+    if violations:
+        raise VerificationError(violations)
 
 
 def _bind_pairs(specs: list[str] | None) -> dict[str, str] | None:
@@ -408,6 +439,7 @@ def _cmd_stateful(args: argparse.Namespace) -> int:
     from onnxforge.passes.stateful import make_stateful, read_genai_config
 
     output = _output_file(args.output)
+    _refuse_clobbering(args.model, output)
     bindings = _bind_pairs(args.bind)
     if args.max_length < 1:
         raise CommandLineError(f"--max-length must be a positive int, got {args.max_length}")
@@ -422,7 +454,7 @@ def _cmd_stateful(args: argparse.Namespace) -> int:
     except (OSError, ExternalDataError) as exc:
         raise _write_error(output, exc) from exc
     # onnxruntime-genai cannot run paged caches: their model gets no genai_config.json
-    sidecar = _copy_sidecars(args.model, output, model) if args.cache != "paged" else None
+    sidecar = _copy_sidecars(args.model, output, model, args.max_length) if args.cache != "paged" else None
     pairs = [{"input": i.name, "output": o.name, "in_place": o.alias_of is i,
               "shape": list(i.type.shape) if getattr(i.type, "shape", None) is not None else None}
              for i, o in model.graph.bindings]
@@ -439,6 +471,8 @@ def _cmd_stateful(args: argparse.Namespace) -> int:
     if sidecar is not None:
         for path in sidecar.copied.values():
             print(f"copied {path}")
+        for change in sidecar.changes:
+            print(change)
     if args.cache == "paged":
         print(f"paged caches: {args.page_size} tokens per page, formats {args.formats} (newest page first)")
     print(f"{len(pairs)} binding(s), capacity {args.max_length} -> {output}")

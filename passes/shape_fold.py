@@ -172,7 +172,12 @@ def _known(ctx: ShapesContext, node: Node) -> list[np.ndarray] | None:
         if st is None or not st.is_concrete() or st.elem_type != t.elem_type:
             out = []
             break
-        out.append(np.ascontiguousarray(st.to_numpy()))
+        arr = np.ascontiguousarray(st.to_numpy())
+        shape = t.shape
+        if (shape is not None and arr.shape != tuple(shape) and all(type(d) is int for d in shape)
+                and math.prod(shape) == arr.size):
+            arr = arr.reshape(shape)  # a scalar's content held as [1]: the value keeps its declared rank
+        out.append(arr)
     if len(out) == len(node.outputs):
         return out
     return _known_by_rule(ctx, node)

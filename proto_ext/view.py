@@ -75,14 +75,15 @@ class NodeView:
     subgraphs: list[tuple[str, "GraphView"]] = field(default_factory=list)
     attributes: dict[str, Any] = field(default_factory=dict)  # scalar ints/floats/strings only
     ref: Any = None  # the IR Node this view was built from (None for a wire view)
+    proto: Any = None  # the NodeProto a wire view was built from (None for the IR's view)
 
     def __init__(self, path: str, name: str, op_type: str, domain: str, inputs: list[str],
                  outputs: list[str], output_alias: list[AliasSpec] | None = None,
                  subgraphs: list[tuple[str, GraphView]] | None = None,
-                 attributes: dict[str, Any] | None = None, ref: Any = None):
+                 attributes: dict[str, Any] | None = None, ref: Any = None, proto: Any = None):
         # the generated one, written out: this module is compiled, and a view has one per node
         self.path, self.name, self.op_type, self.domain = path, name, op_type, domain
-        self.inputs, self.outputs, self.ref = inputs, outputs, ref
+        self.inputs, self.outputs, self.ref, self.proto = inputs, outputs, ref, proto
         self.output_alias = [] if output_alias is None else output_alias
         self.subgraphs = [] if subgraphs is None else subgraphs
         self.attributes = {} if attributes is None else attributes
@@ -108,6 +109,7 @@ class GraphView:
     # External references of dense and sparse initializers and of the tensor attributes of
     # this graph's own nodes (a subgraph's are in its view; encoded values are in ``encoded``).
     external_refs: list[ExternalSpec] = field(default_factory=list)
+    proto: Any = None  # the GraphProto a wire view was built from (None for the IR's view)
 
 
 @dataclass(slots=True)
@@ -158,6 +160,7 @@ def _node_view(node: Any, path: str) -> NodeView:
         inputs=_texts(node.input),
         outputs=_texts(node.output),
         output_alias=[AliasSpec(a.output_index, a.input_index, a.kind) for a in node.output_alias],
+        proto=node,
     )
     for attr in node.attribute:
         aname = text(attr.name)
@@ -283,6 +286,7 @@ def _graph_view(g: Any, path: str, is_main: bool) -> GraphView:
         bindings=[(text(b.input_name), text(b.output_name)) for b in g.persistent_bindings],
         int_values=_int_values(g),
         external_refs=list(_graph_refs(g, nodes, path)),
+        proto=g,
     )
 
 

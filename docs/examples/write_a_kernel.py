@@ -10,6 +10,7 @@ import numpy as np
 from onnx import TensorProto
 
 import onnxforge as of
+from onnxforge.graphbuilder.builder import tensor_type
 from onnxforge.kernels_cy.ops.base import Kernel, NodeSpec, register
 
 
@@ -33,7 +34,9 @@ def main() -> None:
     g = of.GraphBuilder(opset=21, domains={"example.docs": 1})
     x = g.input("x", TensorProto.FLOAT, [2, 3])
     y = g.op["example.docs"].ScaledTanh(x, alpha=2.0)
-    g.output(g.op.Relu(y), "y")
+    # a custom operator has no schema to infer types from: the output declares its own
+    # (a model whose outputs are untyped fails verification, which a session runs first)
+    g.output(g.op.Relu(y), "y", type=tensor_type(TensorProto.FLOAT, [2, 3]))
 
     sess = of.InferenceSession(g.to_model())      # compiled once: 2 steps
     feed = np.linspace(-1.0, 1.0, 6, dtype=np.float32).reshape(2, 3)

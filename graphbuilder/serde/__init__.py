@@ -12,8 +12,9 @@ external data loads in the time its graph takes.
 
 Saving streams those payloads back with
 :func:`~onnxforge.proto_ext.wirescan.write_model` (again without copies), keeps
-external payloads external, or writes every large payload to one external
-file when asked.
+external payloads external (in ``<file name>.data`` beside the written model,
+never in a file another model may share), or writes every large payload to one
+external file when asked.
 
 Nothing is dropped: fields the IR does not model (unknown fields, training
 info, device configurations...) travel in the ``extra`` bytes of the IR object
@@ -27,7 +28,7 @@ Example::
 
     m = serde.load("model.onnx")            # weights memory-mapped, not read
     m.graph.name = "renamed"
-    serde.save(m, "out/model.onnx")          # same external layout as the input
+    serde.save(m, "out/model.onnx")          # external payloads -> out/model.onnx.data
     serde.save(m, "out2/model.onnx", external_data="weights.bin")
 """
 from __future__ import annotations
@@ -229,30 +230,47 @@ def save(model: Model, path: PathLike, *, external_data: str | None = None,
          size_threshold: int = 1024, all_tensors_to_one_file: bool = True) -> None:
     """Write ``model`` to ``path`` as extended ONNX, losslessly.
 
-    Without ``external_data`` payloads keep their storage: inline ones stay
-    inline (streamed from their buffers), external ones stay external (left in
-    place when saving next to the data they came from, copied into the new
-    folder under the same location otherwise). With ``external_data`` (a
-    location relative to the model's folder) every payload of at least
-    ``size_threshold`` bytes, and every payload that was external, is written
-    there (or, with ``all_tensors_to_one_file=False``, to one file per tensor
-    next to it). The model file is written to a temporary name and renamed, so
-    saving over the file a model was loaded from is safe."""
+    Without ``external_data`` inline payloads stay inline (streamed from their
+    buffers) and the payloads that were external are written to one file named
+    after the model, ``<file name>.data`` beside it (``out.onnx`` ->
+    ``out.onnx.data``), whatever file they came from: two models saved into one
+    folder never share a data file. References that already point into that file
+    in that folder are left as they are (saving a model over itself copies
+    nothing). With ``external_data`` (a location relative to the model's folder)
+    every payload of at least ``size_threshold`` bytes, and every payload that was
+    external, is written there (or, with ``all_tensors_to_one_file=False``, to one
+    file per tensor next to it). The model and data files are written to
+    temporary names and renamed once complete, so a failed save leaves existing
+    files as they were and saving over the file a model was loaded from is safe."""
     if isinstance(size_threshold, bool) or not isinstance(size_threshold, int) or size_threshold < 0:
         raise ValueError(f"size_threshold must be a non-negative int, got {size_threshold!r}")
     path = os.fspath(path)
     out_dir = os.path.dirname(os.path.abspath(path))
     os.makedirs(out_dir, exist_ok=True)
-    plan = PayloadPlan(stream_min=STRIP_MIN, out_dir=out_dir, model_dir=model.model_dir,
-                       location=external_data, threshold=size_threshold,
-                       one_file=all_tensors_to_one_file)
+    own = external_data is None
+    location = os.path.basename(path) + ".data" if own else external_data
+    for keep in (None, False):  # False: a mixed file (some references kept, some written) is rewritten whole
+        plan = PayloadPlan(stream_min=STRIP_MIN, out_dir=out_dir, model_dir=model.model_dir,
+                           location=location, threshold=size_threshold,
+                           one_file=all_tensors_to_one_file or own, only_external=own, _keep=keep)
+        if _save_with(model, path, out_dir, plan):
+            return
+
+
+def _save_with(model: Model, path: str, out_dir: str, plan: PayloadPlan) -> bool:
+    """Write ``model`` by ``plan``; False (nothing written) when the plan kept references
+    into a file it also writes."""
     fd, tmp = tempfile.mkstemp(prefix=".onnxforge-", suffix=".tmp", dir=out_dir)
     try:
         with os.fdopen(fd, "wb") as fh:
             _stream(model, fh, plan)
+        if plan.mixed and plan.only_external:
+            plan.abort()
+            os.unlink(tmp)
+            return False
         os.chmod(tmp, 0o644)
-        plan.commit()
-        os.replace(tmp, path)
+        plan.commit(then=(tmp, path))  # the data files, then the model: together or not at all
+        return True
     except BaseException:
         plan.abort()
         try:

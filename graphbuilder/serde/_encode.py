@@ -64,7 +64,9 @@ class PayloadPlan:
     external references are relative to. ``location``: write every payload of at
     least ``threshold`` bytes (and every payload that was external) to this
     external file (or, without ``one_file``, to one file per tensor in the
-    location's folder).
+    location's folder). With ``only_external``, ``location`` receives the payloads
+    that were external and no others; a reference that already points at
+    ``location`` in the folder being written is kept as it is.
 
     External files are written under temporary names next to their final
     location; :meth:`commit` renames them once the model file is complete and
@@ -77,6 +79,7 @@ class PayloadPlan:
     location: str | None = None
     threshold: int = 1024
     one_file: bool = True
+    only_external: bool = False
     streamed: dict[tuple[str, int], Any] = field(default_factory=dict)
     _temps: dict[str, str] = field(default_factory=dict)  # final location -> temporary location
     _kept: dict[str, str] = field(default_factory=dict)  # kept reference location -> object path
@@ -97,6 +100,14 @@ class PayloadPlan:
             else:
                 self._keep = os.path.realpath(self.out_dir) == os.path.realpath(self.model_dir)
         return self._keep
+
+    def _may_keep(self, ref: ExternalRef) -> bool:
+        """``ref`` may stay a reference to the file it points into."""
+        if not self.keep_external:
+            return False
+        if self.only_external and self.location is not None:
+            return os.path.normpath(ref.location) == os.path.normpath(self.location)
+        return True
 
     def _target(self, name: str) -> str:
         if self.location is None:
@@ -171,13 +182,17 @@ class PayloadPlan:
         if raw is None:
             if external is None:
                 return
-            if self.keep_external:
+            if self.keep_external if not self.only_external else self._may_keep(external):
                 self._keep_ref(out, external, where)
                 return
             raise ExternalDataError(
                 f"{where()}: external payload {external.location!r} was not mapped (the model was "
                 "loaded without its folder); load it with model_dir= to copy its data")
-        if self.location is not None and (external is not None or _nbytes(raw) >= self.threshold):
+        if self.only_external and external is not None and self._may_keep(external):
+            self._keep_ref(out, external, where)
+            return
+        if self.location is not None and (external is not None or (
+                not self.only_external and _nbytes(raw) >= self.threshold)):
             _set_external(out, self._write(self._target(name), raw, where()))
             return
         if external is not None:
@@ -191,8 +206,17 @@ class PayloadPlan:
             return
         out.raw_data = raw if isinstance(raw, bytes) else bytes(raw)
 
-    def commit(self) -> None:
-        """Move the external files written by this plan to their final names."""
+    @property
+    def mixed(self) -> bool:
+        """Some payloads kept a reference into a file that this save also writes."""
+        return bool(set(self._kept) & set(self._temps))
+
+    def commit(self, then: tuple[str, str] | None = None) -> None:
+        """Move the external files written by this plan to their final names, then rename
+        ``then`` (``(temporary, final)``: the model file). The renames succeed or fail
+        together: a failure puts back the files already replaced."""
+        from onnxforge.proto_ext.outputs import replace_all
+
         self.flush()
         clash = sorted(set(self._kept) & set(self._temps))
         if clash:
@@ -202,12 +226,17 @@ class PayloadPlan:
         folder = self.out_dir
         if folder is None:
             return
-        for location, temp in self._temps.items():
-            try:
-                os.replace(os.path.join(folder, temp), os.path.join(folder, location))
-            except OSError as exc:
-                raise ExternalDataError(
-                    f"cannot move external data into {location!r}: {exc.strerror}") from None
+        moves = [(os.path.join(folder, temp), os.path.join(folder, location))
+                 for location, temp in self._temps.items()]
+        try:
+            replace_all(moves + ([then] if then is not None else []))
+        except OSError as exc:
+            failed = next((loc for loc in self._temps if exc.filename2 == os.path.join(folder, loc)
+                           or exc.filename == os.path.join(folder, self._temps[loc])), None)
+            if failed is None:
+                raise
+            raise ExternalDataError(
+                f"cannot move external data into {failed!r}: {exc.strerror}") from None
         self._temps.clear()
 
     def abort(self) -> None:

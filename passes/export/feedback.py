@@ -31,6 +31,7 @@ from typing import Any
 import onnx
 
 from onnxforge.proto_ext.errors import ExportError
+from onnxforge.proto_ext.outputs import atomic_files, data_file_name, write_json
 from onnxforge.passes.export.sidecar import GENAI_CONFIG, copy_sidecar_files, genai_config_changes
 from onnxforge.passes.export.standard import FEEDBACK_KEY, to_standard_onnx
 
@@ -84,6 +85,8 @@ def export_to_dir(model: Any, out_dir: str | os.PathLike[str], *, target_opset: 
     its changes (``genai_config.changes.json``, key ``"genai_config_changes"``)
     and the folder's other sidecar files (tokenizer files...), so onnxruntime-genai
     can load the folder. Returns ``{kind or file name: path}`` of the files written.
+    Every file is written to a temporary name and renamed, so a failure leaves the
+    folder's previous files intact.
     """
     out_dir = os.fspath(out_dir)
     src = _source_dir(model)
@@ -92,21 +95,20 @@ def export_to_dir(model: Any, out_dir: str | os.PathLike[str], *, target_opset: 
     written: dict[str, str] = {}
     model_path = os.path.join(out_dir, filename)
     big = _weights_bytes(proto) >= EXTERNAL_THRESHOLD if external_data is None else external_data
+    data_name = data_file_name(filename)
+    # written in a folder of their own, then renamed beside the other files: a failed
+    # write leaves the previous model and data as they were
+    with atomic_files(out_dir, [data_name, filename]) as stage:
+        if big:
+            onnx.save_model(proto, os.path.join(stage, filename), save_as_external_data=True,
+                            all_tensors_to_one_file=True, location=data_name, size_threshold=1024)
+        else:
+            onnx.save_model(proto, os.path.join(stage, filename))
     if big:
-        data_name = filename + ".data"
-        data_path = os.path.join(out_dir, data_name)
-        if os.path.exists(data_path):
-            os.unlink(data_path)
-        onnx.save_model(proto, model_path, save_as_external_data=True, all_tensors_to_one_file=True,
-                        location=data_name, size_threshold=1024)
-        written["external_data"] = data_path
-    else:
-        onnx.save_model(proto, model_path)
+        written["external_data"] = os.path.join(out_dir, data_name)
     written["model"] = model_path
-    feedback = read_feedback(proto)
     fb_path = os.path.join(out_dir, FEEDBACK_FILE)
-    with open(fb_path, "w", encoding="utf-8") as fh:
-        json.dump(feedback, fh, indent=2)
+    write_json(fb_path, read_feedback(proto))
     written["feedback"] = fb_path
     if src is not None and os.path.isfile(os.path.join(src, GENAI_CONFIG)):
         sidecar = copy_sidecar_files(src, out_dir, model_filename=filename, model=proto,

@@ -24,7 +24,9 @@ before, after, reason), returned in :class:`SidecarResult` and written to
 decoder's ``filename`` names the new model; ``search.past_present_share_buffer``
 stays true only while the graph keeps an operator that shares the past and
 present buffers (``com.microsoft::GroupQueryAttention``): a standard lowering
-computes a present cache distinct from its past input. Input and output names
+computes a present cache distinct from its past input; for a stateful model
+(``max_length`` given) ``search.max_length`` becomes its cache capacity, while
+``model.context_length`` stays the model's. Input and output names
 the configuration lists that the model lacks are an
 :class:`~onnxforge.errors.ExportError`.
 """
@@ -32,7 +34,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,6 +42,7 @@ import onnx
 from google.protobuf.message import DecodeError
 from onnxforge.passes.export.opset import proto_graphs
 from onnxforge.proto_ext.errors import ExportError, OnnxforgeError
+from onnxforge.proto_ext.outputs import copy_file, write_json
 
 __all__ = [
     "CHANGES_FILE",
@@ -142,10 +144,14 @@ def _check_names(decoder: dict[str, Any], inputs: set[str], outputs: set[str]) -
         raise ExportError(problems)
 
 
-def genai_config_changes(config: dict[str, Any], model: Any,
-                         filename: str) -> tuple[dict[str, Any], list[ConfigChange]]:
+def genai_config_changes(config: dict[str, Any], model: Any, filename: str, *,
+                         max_length: int | None = None) -> tuple[dict[str, Any], list[ConfigChange]]:
     """The configuration describing ``model`` (IR Model, ModelProto or path) written
-    as ``filename``, and the list of changes made to ``config`` (not modified)."""
+    as ``filename``, and the list of changes made to ``config`` (not modified).
+
+    ``max_length``: the token capacity of the model's caches (a stateful model);
+    ``search.max_length`` is set to it so that onnxruntime-genai stops generating
+    where the caches end (``model.context_length`` stays the model's)."""
     out = json.loads(json.dumps(config))
     changes: list[ConfigChange] = []
     inputs, outputs, shares = _model_facts(model)
@@ -165,6 +171,10 @@ def genai_config_changes(config: dict[str, Any], model: Any,
             "the model has no operator that writes its present cache into the past buffer "
             "(the standard lowering of GroupQueryAttention returns a new present tensor of "
             "length past + new)"))
+    if max_length is not None and search.get("max_length") != max_length:
+        changes.append(ConfigChange("search.max_length", search.get("max_length"), max_length,
+                                    f"the model's caches hold {max_length} tokens (stateful --max-length)"))
+        search["max_length"] = max_length
     return out, changes
 
 
@@ -210,7 +220,8 @@ def _referenced_models(config: dict[str, Any], decoder_file: str | None) -> set[
 def copy_sidecar_files(src_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str], *,
                        model_filename: str, model: Any = None,
                        source_model: str | None = None,
-                       exclude: Iterable[str] = ()) -> SidecarResult:
+                       exclude: Iterable[str] = (),
+                       max_length: int | None = None) -> SidecarResult:
     """Copy the sidecar files of ``src_dir`` into ``out_dir`` next to the rewritten model
     ``out_dir/model_filename`` (which the caller has written).
 
@@ -222,10 +233,13 @@ def copy_sidecar_files(src_dir: str | os.PathLike[str], out_dir: str | os.PathLi
             configuration's decoder ``filename``); it and its external data are not
             copied.
         exclude: more file names not to copy (the files the caller wrote).
+        max_length: the token capacity of a stateful model's caches, written to the
+            configuration's ``search.max_length``.
 
     Returns:
         A :class:`SidecarResult`; ``genai_config.json`` is rewritten (see the module
-        docstring) and its changes recorded in ``genai_config.changes.json``.
+        docstring) and its changes recorded in ``genai_config.changes.json``. Every
+        file is written to a temporary name beside its target and renamed.
 
     Raises:
         SidecarError: ``out_dir`` is ``src_dir``.
@@ -262,15 +276,14 @@ def copy_sidecar_files(src_dir: str | os.PathLike[str], out_dir: str | os.PathLi
             continue
         dst = os.path.join(out, name)
         if os.path.abspath(dst) != os.path.abspath(path):
-            shutil.copyfile(path, dst)
+            copy_file(path, dst)
         result.copied[name] = dst
     if config is not None:
         target = model if model is not None else os.path.join(out, model_filename)
-        new_config, result.changes = genai_config_changes(config, target, model_filename)
+        new_config, result.changes = genai_config_changes(config, target, model_filename,
+                                                          max_length=max_length)
         result.genai_config = os.path.join(out, GENAI_CONFIG)
-        with open(result.genai_config, "w", encoding="utf-8") as fh:
-            json.dump(new_config, fh, indent=4)
+        write_json(result.genai_config, new_config, indent=4)
         result.changes_file = os.path.join(out, CHANGES_FILE)
-        with open(result.changes_file, "w", encoding="utf-8") as fh:
-            json.dump([c.to_json() for c in result.changes], fh, indent=2)
+        write_json(result.changes_file, [c.to_json() for c in result.changes])
     return result

@@ -652,20 +652,40 @@ def test_save_with_external_data_and_load_maps_it(tmp_path: Path) -> None:
     np.testing.assert_array_equal(numpy_helper.to_array(stock.graph.initializer[0]), t.numpy())
 
 
+def _locations(path: Path) -> set[str]:
+    msg = schema.parse_model(path.read_bytes())
+    tensors = list(msg.graph.initializer) + list(msg.graph.encoded_initializer)
+    return {e.value for t in tensors for e in t.external_data if e.key == "location"}
+
+
 def test_external_payloads_stay_external(tmp_path: Path) -> None:
     path = _external_model(tmp_path / "a")
     m = serde.load(path)
     before = (tmp_path / "a" / "data" / "weights.bin").stat()
-    serde.save(m, tmp_path / "a" / "again.onnx")  # same folder: the data file is left alone
+    serde.save(m, tmp_path / "a" / "again.onnx")  # external payloads go to again.onnx.data
     after = (tmp_path / "a" / "data" / "weights.bin").stat()
     assert (before.st_mtime_ns, before.st_size) == (after.st_mtime_ns, after.st_size)
+    assert _locations(tmp_path / "a" / "again.onnx") == {"again.onnx.data"}
     assert canonical.differences(path, tmp_path / "a" / "again.onnx") == []
-    serde.save(m, tmp_path / "b" / "model.onnx")  # another folder: copied under the same name
-    assert (tmp_path / "b" / "data" / "weights.bin").exists()
+    serde.save(m, tmp_path / "b" / "model.onnx")  # another folder: named after the model too
+    assert not (tmp_path / "b" / "data").exists()
+    assert _locations(tmp_path / "b" / "model.onnx") == {"model.onnx.data"}
     assert canonical.differences(path, tmp_path / "b" / "model.onnx") == []
-    serde.save(m, tmp_path / "b" / "model.onnx")  # again: the copy is rewritten, not appended to
-    assert (tmp_path / "b" / "data" / "weights.bin").stat().st_size == \
-        (tmp_path / "a" / "data" / "weights.bin").stat().st_size
+    size = (tmp_path / "b" / "model.onnx.data").stat().st_size
+    serde.save(m, tmp_path / "b" / "model.onnx")  # again: the data is rewritten, not appended to
+    assert (tmp_path / "b" / "model.onnx.data").stat().st_size == size
+
+
+def test_saving_a_model_over_itself_keeps_its_data_file(tmp_path: Path) -> None:
+    path = _external_model(tmp_path / "a")
+    serde.save(serde.load(path), tmp_path / "a" / "m.onnx")
+    data = tmp_path / "a" / "m.onnx.data"
+    before = data.stat()
+    m = serde.load(tmp_path / "a" / "m.onnx")
+    serde.save(m, tmp_path / "a" / "m.onnx")  # every reference points into m.onnx.data already
+    after = data.stat()
+    assert (before.st_ino, before.st_mtime_ns) == (after.st_ino, after.st_mtime_ns)
+    assert canonical.differences(path, tmp_path / "a" / "m.onnx") == []
 
 
 def test_rewriting_the_data_file_a_model_was_loaded_from(tmp_path: Path) -> None:

@@ -18,6 +18,7 @@ from onnx import TensorProto, helper, numpy_helper
 from onnxforge.kernels_cy.errors import KernelError
 from onnxforge.kernels_cy.session import InferenceSession
 from onnxforge.kernels_cy.threads import BLAS, BLAS_PARALLEL_WORK
+from onnxforge.proto_ext.errors import VerificationError
 from tests.kernels_cy.helpers import F, I64, onnx_model, reference, tensor
 
 I32 = TensorProto.INT32
@@ -149,9 +150,12 @@ def test_gather_negative_indices_and_range_error():
 
 
 def test_gather_axis_out_of_range_is_a_kernel_error():
-    m = _one("Gather", [("x", F, [4]), ("i", I64, [1])], [("y", F, None)], None, axis=1)
+    m = _one("Gather", [("x", F, None), ("i", I64, [1])], [("y", F, None)], None, axis=1)
     with pytest.raises(KernelError, match="axis 1 is out of range for rank 1"):
         InferenceSession(m).run(None, {"x": np.zeros(4, np.float32), "i": np.array([0], np.int64)})
+    ranked = _one("Gather", [("x", F, [4]), ("i", I64, [1])], [("y", F, None)], None, axis=1)
+    with pytest.raises(VerificationError, match=r"\[X1\] graph.node\[0\].*axis must be in"):
+        InferenceSession(ranked)  # a declared rank: refused before compiling
 
 
 def test_gather_nd_negative_indices_match_reference():

@@ -161,10 +161,11 @@ def test_no_worker_spins_after_a_run_even_a_failed_one():
     x = np.ones((1, 1, 512), np.float32)
     sess.run(None, {"x": x})
     assert _pool.stats()["active_runs"] == 0
-    bad = _matmul_model(512, 1030)  # 1030 elements do not reshape to [-1, 7]
-    bsess = of.InferenceSession(of.load(bad.SerializeToString()), threads=2)
-    with pytest.raises(Exception):
-        bsess.run(None, {"x": x})
+    def fail(step: int) -> None:  # a run failing after its product ran on the pool
+        raise RuntimeError(f"fault after step {step}")
+
+    with pytest.raises(RuntimeError, match="fault after step 0"):
+        sess.run(None, {"x": x}, after_step=fail)
     assert _pool.stats()["active_runs"] == 0
     # let a worker that was spinning notice the run ended, and any BLAS worker an earlier
     # product woke finish its own spin-wait (OpenBLAS's threads spin about 0.1 s)

@@ -8,7 +8,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from onnxforge.graphbuilder import serde
-from onnxforge.graphbuilder.ir import Alias
+from onnxforge.graphbuilder.ir import READ_WRITE, Alias
 from onnxforge.kernels_cy.session import InferenceSession
 from tests.kernels_cy.helpers import F, onnx_model, tensor
 
@@ -63,13 +63,23 @@ def test_group_query_attention_softcap_matches_onnxruntime():
     _both(_gqa_model(4, 2, 16, 1, softcap=2.0), _gqa_feeds(rng, 2, 1, 3, 4, 2, 16), atol=1e-5)
 
 
+def _shared(plain):
+    """The GQA model with present aliasing past (shared-buffer mode): past READ_WRITE,
+    each present output MUST_ALIAS its past and declaring it (rules L4, L7)."""
+    shared = serde.from_proto(plain)
+    node = next(iter(shared.graph))
+    node.output_alias = [Alias(1, 3), Alias(2, 4)]
+    for o, i in ((1, 3), (2, 4)):
+        node.inputs[i].access = READ_WRITE
+        node.outputs[o].alias_of = node.inputs[i]
+    return shared
+
+
 def test_group_query_attention_shared_buffer_writes_in_place():
     rng = np.random.default_rng(9)
     nq, nkv, h, cap = 4, 2, 16, 12
     plain = _gqa_model(nq, nkv, h, 1)
-    shared = serde.from_proto(plain)
-    node = next(iter(shared.graph))
-    node.output_alias = [Alias(1, 3), Alias(2, 4)]
+    shared = _shared(plain)
     feeds = _gqa_feeds(rng, 1, 2, 3, nq, nkv, h)
     want = InferenceSession(plain).run(None, feeds)
     buf_k = np.zeros((1, nkv, cap, h), np.float32)
@@ -212,8 +222,7 @@ def test_group_query_attention_decode_step_in_place_and_its_errors(general_path_
     nq, nkv, h, cap, p = 4, 2, 16, 8, 5
     rng = np.random.default_rng(3)
     plain = _gqa_model(nq, nkv, h, 1)
-    shared = serde.from_proto(plain)
-    next(iter(shared.graph)).output_alias = [Alias(1, 3), Alias(2, 4)]
+    shared = _shared(plain)
     feeds = _gqa_feeds(rng, 1, 1, p, nq, nkv, h)
     want = ort.InferenceSession(plain.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
     buf_k = np.zeros((1, nkv, cap, h), np.float32)

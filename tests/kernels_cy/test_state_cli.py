@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from onnxforge.kernels_cy.cli_state import add_generate_parser
-from onnxforge.kernels_cy.errors import StateError
+from onnxforge.kernels_cy.errors import FeedError
 from onnxforge.kernels_cy.state import make_state
 from onnxforge.samples import build_builtin
 
@@ -58,10 +58,22 @@ def test_generate_text_and_a_synthetic_prompt(capsys):
     assert len(out) == 2 + 3 and "cache.0.key=0x" in out[2]
 
 
-def test_generate_refuses_more_tokens_than_the_capacity():
-    args = _parse(["generate", "m", "--prompt-len", "60", "--new", "10", "-q"])
+def test_generate_clamps_new_tokens_to_the_capacity(capsys):
+    args = _parse(["generate", "m", "--prompt-len", "60", "--new", "10", "-q", "--json"])
     args.model = build_builtin("decoder")
-    with pytest.raises(StateError, match="capacity 64"):
+    assert args.func(args) == 0
+    captured = capsys.readouterr()
+    report = json.loads(captured.out)
+    assert len(report["tokens"]) == 5  # 60 prompt tokens + 4 fed back = the capacity 64
+    assert report["clamped"] == {"asked": 10, "new": 5, "context": 64,
+                                 "source": "the capacity of the state's caches"}
+    assert "warning: --new 10 clamped to 5" in captured.err
+
+
+def test_generate_refuses_a_prompt_longer_than_the_capacity():
+    args = _parse(["generate", "m", "--prompt-len", "65", "--new", "1", "-q"])
+    args.model = build_builtin("decoder")
+    with pytest.raises(FeedError, match="65 tokens, more than the 64"):
         args.func(args)
 
 
