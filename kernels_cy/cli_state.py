@@ -185,6 +185,10 @@ def generate(model: Model | str, prompt: list[int], new: int, *, threads: int | 
         if "input_ids" not in free or unknown:
             raise StateError(f"generate feeds input_ids, position, attention_mask and position_ids; "
                              f"the model's per-call inputs are {free}")
+        outputs = [v.name for v in model.graph.outputs]
+        if "logits" not in outputs:
+            raise StateError(f"generate reads the next token from an output named 'logits' "
+                             f"[batch, sequence, vocabulary]; the model's outputs are {outputs}")
         cap = _capacity(state)
         if cap is not None and len(prompt) + new - 1 > cap:
             new = _fit(prompt, new, cap, "the capacity of the state's caches")
@@ -216,7 +220,11 @@ def generate(model: Model | str, prompt: list[int], new: int, *, threads: int | 
             out = state.run(feeds)
             ms = (time.perf_counter() - t0) * 1e3
             done += len(ids)
-            token = int(np.asarray(out["logits"])[0, -1].argmax())
+            logits = np.asarray(out["logits"])
+            if logits.ndim != 3 or logits.shape[1] < 1 or logits.shape[2] < 1:
+                raise StateError(f"the model's 'logits' came back with shape {list(logits.shape)}; generate "
+                                 f"needs [batch, sequence, vocabulary]")
+            token = int(logits[0, -1].argmax())
             c = state.last_run
             report["tokens"].append(token)
             report["step_ms"].append(round(ms, 4))

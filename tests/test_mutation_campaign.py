@@ -1,14 +1,16 @@
 """Mutation campaign: seeded random corruptions of small valid models must fail only with
 typed errors (``onnxforge.OnnxforgeError`` subclasses) in ``verify``, in
-``InferenceSession`` (construction and one run on zeros) and in ``make_state`` (and
-one run), never with a raw KeyError, IndexError, AttributeError, TypeError,
-ValueError or numpy error.
+``InferenceSession`` (construction and one run on zeros), in ``make_state`` (and
+one run) and, for the decoder's mutants, in ``onnxforge generate`` (an exit status,
+never "unexpected"), never with a raw KeyError, IndexError, AttributeError,
+TypeError, ValueError or numpy error.
 
 ``python -m tests.test_mutation_campaign`` prints the untyped errors grouped by where
 they were raised.
 """
 from __future__ import annotations
 
+import os
 import random
 import sys
 import time
@@ -371,6 +373,30 @@ def _attempt(stage: str, fn: Callable[[], Any], label: str, findings: list[tuple
         return None
 
 
+def _generate(data: bytes, label: str, findings: list[tuple[str, str, str, str]]) -> None:
+    """``onnxforge generate`` on the mutant: an exit status, never an untyped error (the
+    command line reports one as "unexpected")."""
+    import contextlib
+    import io
+    import tempfile
+
+    from onnxforge.cli import main
+
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "model.onnx")
+        with open(path, "wb") as fh:
+            fh.write(data)
+        err = io.StringIO()
+        try:
+            with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+                main(["generate", path, "--prompt-ids", "5,17", "--new", "2", "--json"])
+        except Exception as exc:  # noqa: BLE001 - the boundary must not let one out
+            findings.append(("generate", type(exc).__name__, _where(exc), f"{label}: {str(exc)[:160]}"))
+            return
+    if "unexpected" in err.getvalue():
+        findings.append(("generate", "unexpected", "cli", f"{label}: {err.getvalue().strip()[:160]}"))
+
+
 def run_campaign(n: int = MUTANTS, seed: int = SEED, *, check_first: bool = False
                  ) -> tuple[list[tuple[str, str, str, str]], Counter]:
     """Mutate, then verify / construct / run; returns the untyped errors and stage counts.
@@ -407,6 +433,9 @@ def run_campaign(n: int = MUTANTS, seed: int = SEED, *, check_first: bool = Fals
             continue
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
+            if b == 0 and k % 4 == 0:  # the decoder's mutants through the command line too
+                _generate(data, label, findings)
+                stats["generates"] += 1
             sess = _attempt("InferenceSession", lambda: InferenceSession(data), label, findings)
             if sess is not None:
                 stats["sessions"] += 1
