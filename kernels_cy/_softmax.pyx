@@ -2,7 +2,7 @@
 """Numerically stable softmax over the last axis (rows are the flattened leading axes),
 and the logistic sigmoid."""
 from cython.parallel cimport prange
-from libc.math cimport INFINITY, expf
+from libc.math cimport INFINITY, NAN, exp, isnan
 
 include "_common.pxi"
 
@@ -12,10 +12,19 @@ __all__ = ["sigmoid", "softmax"]
 cdef inline void _softmax_row(const float* x, float* y, Py_ssize_t n) noexcept nogil:
     cdef Py_ssize_t j
     cdef float m = -INFINITY
+    cdef bint nan = False
     for j in range(n):
         if x[j] > m:
             m = x[j]
+        elif isnan(x[j]):
+            nan = True
         y[j] = x[j]
+    if nan or m == INFINITY:
+        # x - max is NaN somewhere (a NaN entry, or inf - inf): the sum and so every entry
+        # of the row is NaN in onnx.reference and onnxruntime; the clamped exp would hide it
+        for j in range(n):
+            y[j] = NAN
+        return
     if m == -INFINITY:
         # every entry is -inf: onnxruntime and onnx.reference give NaN rows; keep that
         for j in range(n):
@@ -49,13 +58,23 @@ def softmax(x, out, num_threads=None):
 
 def sigmoid(x, out):
     """``out = 1 / (1 + exp(-x))`` elementwise; x, out: float32 1-D C-contiguous (``out`` may
-    be ``x``). Saturates to 0 and 1 without floating-point warnings."""
+    be ``x``). Saturates to 0 and 1 without floating-point warnings; NaN stays NaN."""
     cdef str k = "sigmoid"
     cdef cnp.ndarray xa = _f32(x, k, "x", 1)
     cdef cnp.ndarray oa = _f32(out, k, "out", 1, writable=True)
     _same_shape(xa, oa, k, "x", "out")
     cdef const float* xp = <const float*>cnp.PyArray_DATA(xa)
     cdef float* op = <float*>cnp.PyArray_DATA(oa)
+    cdef Py_ssize_t i, n = xa.shape[0]
+    cdef bint nan = False
     with nogil:
-        of_sigmoid(xp, op, xa.shape[0])
+        for i in range(n):
+            if isnan(xp[i]):
+                nan = True
+                break
+        if not nan:
+            of_sigmoid(xp, op, n)
+        else:  # rare: elementwise in double (the vector exp clamps its argument, eating NaN)
+            for i in range(n):
+                op[i] = <float>(1.0 / (1.0 + exp(-<double>xp[i])))
     return out

@@ -37,6 +37,21 @@ def rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, interleaved: bool, r
     return out
 
 
+def _positions(kernel: Kernel, position_ids: Any, cos_cache: np.ndarray, sin_cache: np.ndarray) -> np.ndarray:
+    """int64 position ids, each a row of both caches (``[0, rows)``, no wrapping of
+    negatives, as onnxruntime checks them), or a KernelError before anything is written."""
+    pos = np.asarray(position_ids)
+    if pos.dtype.kind not in "iu":
+        raise kernel.error(f"position_ids must be integers, got {pos.dtype}")
+    rows = min(cos_cache.shape[0], sin_cache.shape[0]) if cos_cache.ndim and sin_cache.ndim else 0
+    pos = pos.astype(np.int64, copy=False)
+    bad = (pos < 0) | (pos >= rows)
+    if bad.any():
+        at = tuple(int(v) for v in np.argwhere(bad)[0])
+        raise kernel.error(f"position_ids{list(at)} = {int(pos[at])} is outside the cos/sin cache [0, {rows})")
+    return pos
+
+
 @register("", "RotaryEmbedding")
 class RotaryEmbedding(Kernel):
     """ONNX opset 23: (X, cos_cache, sin_cache, position_ids?)."""
@@ -70,7 +85,8 @@ class RotaryEmbedding(Kernel):
             fast.rotary(xs, cos_cache, sin_cache, ov, position_ids=position_ids, interleaved=self.interleaved)
             return out
         if position_ids is not None:
-            cos, sin = cos_cache[position_ids], sin_cache[position_ids]
+            pos = _positions(self, position_ids, cos_cache, sin_cache)
+            cos, sin = cos_cache[pos], sin_cache[pos]
         else:
             cos, sin = cos_cache, sin_cache
         if cos.shape[-1] != rot // 2:
@@ -105,9 +121,12 @@ class MsRotaryEmbedding(Kernel):
             xs = x.reshape(b, s, hid // h, h)
         b, s = xs.shape[0], xs.shape[1]
         rot = self.rot or xs.shape[-1]
-        pos = np.asarray(position_ids, dtype=np.int64)
+        pos = np.asarray(position_ids)
         if pos.size == 1 and pos.ndim <= 1:
             pos = int(pos.reshape(-1)[0]) + np.arange(s)[None, :].repeat(b, 0)
+        elif pos.shape != (b, s):
+            raise self.error(f"position_ids shape {list(pos.shape)} is neither [1] nor [batch, sequence] = {[b, s]}")
+        pos = _positions(self, pos, cos_cache, sin_cache)
         cos, sin = cos_cache[pos], sin_cache[pos]
         y = rotate(xs, cos[:, :, None, :], sin[:, :, None, :], self.interleaved, rot)
         if four:

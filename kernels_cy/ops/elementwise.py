@@ -94,9 +94,9 @@ class Sigmoid(Kernel):
             return out
         # 1 / (1 + exp(-x)) without overflow warnings for large |x|
         with np.errstate(over="ignore"):
-            out = np.exp(-x)
-            out += 1
-            return np.reciprocal(out, out=out)
+            out = np.asarray(np.exp(-x))
+            out = out + out.dtype.type(1)
+            return np.asarray(np.reciprocal(out))
 
 
 @register("", "LeakyRelu")
@@ -126,7 +126,7 @@ class Gelu(Kernel):
         if self.approx == "tanh":
             y = 0.5 * x64 * (1 + np.tanh(math.sqrt(2 / math.pi) * (x64 + 0.044715 * x64 ** 3)))
         else:
-            y = 0.5 * x64 * (1 + np.vectorize(math.erf)(x64 / math.sqrt(2)))
+            y = 0.5 * x64 * (1 + np.vectorize(math.erf, otypes=[np.float64])(x64 / math.sqrt(2)))
         return y.astype(x.dtype)
 
 
@@ -180,6 +180,23 @@ class Mod(Kernel):
         return np.mod(a, b)
 
 
+def _int_pow(kernel: Kernel, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Integer ``a ** b`` as onnxruntime computes it (a double power truncated toward zero):
+    a negative exponent gives 0, except for the bases 1 (1) and -1 (+-1 by the parity);
+    ``0 ** negative`` has no value and raises."""
+    neg = b < 0
+    if not neg.any():
+        return np.power(a, b.astype(a.dtype, copy=False)).astype(a.dtype, copy=False)
+    a, b = np.broadcast_arrays(a, b)
+    neg = b < 0
+    if (neg & (a == 0)).any():
+        raise kernel.error("integer Pow: 0 raised to a negative power has no value")
+    out = np.power(a, np.where(neg, 0, b).astype(a.dtype, copy=False)).astype(a.dtype, copy=False)
+    odd = (b % 2) != 0
+    frac = np.where(a == 1, 1, np.where(a == -1, np.where(odd, -1, 1), 0)).astype(a.dtype)
+    return np.where(neg, frac, out)
+
+
 @register("", "Pow")
 class Pow(Kernel):
     def run(self, a, b):
@@ -194,6 +211,11 @@ class Pow(Kernel):
             return np.power(a, a.dtype.type(e))
         if a.dtype.kind in "iu" and b.dtype.kind == "f":
             return np.power(a.astype(np.float64), b).astype(a.dtype)
+        if a.dtype.kind in "iu" and b.dtype.kind in "iu":
+            return _int_pow(self, a, b)
+        if b.dtype != a.dtype and a.dtype.kind == "f":  # in the wider type, rounded once to a's
+            wide = np.result_type(a.dtype, b.dtype) if b.dtype.kind == "f" else a.dtype
+            return np.power(a.astype(wide, copy=False), b.astype(wide, copy=False)).astype(a.dtype, copy=False)
         return np.power(a, b.astype(a.dtype) if b.dtype != a.dtype else b).astype(a.dtype, copy=False)
 
 
@@ -261,8 +283,10 @@ for _name in ("Max", "Min", "Sum", "Mean"):
 class Clip(Kernel):
     def __init__(self, spec: NodeSpec):
         super().__init__(spec)
-        self.lo = spec.attrs.get("min") if spec.opset < 11 else None
-        self.hi = spec.attrs.get("max") if spec.opset < 11 else None
+        # before opset 11 the bounds are attributes, defaulting to the float range
+        f32max = float(np.finfo(np.float32).max)
+        self.lo = spec.attrs.get("min", -f32max) if spec.opset < 11 else None
+        self.hi = spec.attrs.get("max", f32max) if spec.opset < 11 else None
 
     def run(self, x, lo=None, hi=None):
         lo = self.lo if lo is None else lo

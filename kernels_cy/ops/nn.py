@@ -2,13 +2,18 @@
 Softmax, reductions, RMS / layer normalization and their com.microsoft variants."""
 from __future__ import annotations
 
+from typing import Any
+
+import ml_dtypes
 import numpy as np
 
 from onnxforge.kernels_cy.ops import fast
 from onnxforge.kernels_cy.ops.base import Kernel, NodeSpec, register
+from onnxforge.kernels_cy.ops.shape_ops import checked_axes
 from onnxforge.kernels_cy.threads import BLAS
 
 F32 = np.dtype(np.float32)
+_WIDENED = frozenset(np.dtype(t) for t in (ml_dtypes.bfloat16,))
 
 __all__: list[str] = []
 
@@ -28,7 +33,11 @@ class MatMul(Kernel):
         return self._blas(a, b)
 
     def _blas(self, a, b):
+        if a.ndim == 0 or b.ndim == 0:
+            raise self.error(f"MatMul operands must have rank >= 1, got shapes {list(a.shape)} and {list(b.shape)}")
         BLAS.for_work(a.size * b.shape[-1], b.nbytes)
+        if a.dtype in _WIDENED:  # bfloat16: products and sums in float32, rounded once
+            return np.matmul(a.astype(F32), b.astype(F32)).astype(a.dtype)
         return np.matmul(a, b)
 
 
@@ -42,6 +51,12 @@ class Gemm(Kernel):
         self.tb = spec.int("transB", 0)
 
     def run(self, a, b, c=None):
+        if a.ndim != 2 or b.ndim != 2:
+            raise self.error(f"Gemm operands must be matrices, got shapes {list(a.shape)} and {list(b.shape)}")
+        dtype = a.dtype
+        if dtype in _WIDENED:  # bfloat16: computed in float32, rounded once at the end
+            a, b = a.astype(F32), b.astype(F32)
+            c = None if c is None else c.astype(F32)
         a = a.T if self.ta else a
         b = b.T if self.tb else b
         BLAS.for_work(a.size * b.shape[-1], b.nbytes)
@@ -50,7 +65,7 @@ class Gemm(Kernel):
             y *= y.dtype.type(self.alpha)
         if c is not None:
             y += (c * c.dtype.type(self.beta)) if self.beta != 1.0 else c
-        return y
+        return y.astype(dtype, copy=False)
 
 
 def _softmax(x: np.ndarray, axis: int) -> np.ndarray:
@@ -71,6 +86,10 @@ class _SoftmaxBase(Kernel):
         self.hard = spec.op_type == "Hardmax"
 
     def run(self, x):
+        if not -max(x.ndim, 1) <= self.axis < max(x.ndim, 1):
+            raise self.error(f"axis {self.axis} is out of range for rank {x.ndim}")
+        if x.size == 0:
+            return np.array(x, copy=True)
         if self.legacy:
             a = self.axis % x.ndim if x.ndim else 0
             shape = x.shape
@@ -79,6 +98,8 @@ class _SoftmaxBase(Kernel):
         return self._apply(x, self.axis % x.ndim if x.ndim else 0)
 
     def _apply(self, x, axis):
+        if x.size == 0:
+            return np.array(x, copy=True)
         if self.hard:
             idx = np.argmax(x, axis=axis)
             out = np.zeros_like(x)
@@ -117,15 +138,26 @@ class _Reduce(Kernel):
         if self.axes_input and spec.const(1) is not None:
             self.axes = [int(a) for a in np.ravel(spec.const(1))]
 
-    def run(self, x, axes=None):
+    def _axes(self, x: np.ndarray, axes: Any) -> tuple[int, ...] | None:
+        """The reduced axes: none with ``noop_with_empty_axes`` and no axes (the op's
+        elementwise part alone), every axis without axes; None for a scalar."""
         ax = self.axes
         if ax is None and axes is not None:
             ax = [int(a) for a in np.ravel(axes)]
         if not ax:
             if self.noop:
-                return np.array(x, copy=True)
+                return ()
             ax = list(range(x.ndim))
-        t = tuple(a % x.ndim for a in ax) if x.ndim else None
+        if not x.ndim:
+            if any(a not in (0, -1) for a in ax):
+                raise self.error(f"axes {ax} are out of range for a scalar")
+            return None
+        return checked_axes(ax, x.ndim, self.op, self.error)
+
+    def run(self, x, axes=None):
+        t = self._axes(x, axes)
+        if t == ():
+            return np.array(x, copy=True)
         if self.op in ("ReduceMax", "ReduceMin") and x.size == 0:
             fill = -np.inf if self.op == "ReduceMax" else np.inf
             shape = [1 if i in t else d for i, d in enumerate(x.shape)] if self.keep else \
@@ -158,29 +190,27 @@ for _n in _REDUCE:
 @register("", "ReduceSumSquare", "ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp")
 class _ReduceDerived(_Reduce):
     def run(self, x, axes=None):
+        t = self._axes(x, axes)
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):  # log(0), log(<0), overflow: IEEE
+            return np.asarray(self._reduce(x, t)).astype(x.dtype)
+
+    def _reduce(self, x: np.ndarray, t: tuple[int, ...] | None) -> np.ndarray:
         op = self.op
-        ax = self.axes if self.axes is not None else (None if axes is None else [int(a) for a in np.ravel(axes)])
-        if not ax:
-            if self.noop:
-                return np.array(x, copy=True)
-            ax = list(range(x.ndim))
-        t = tuple(a % x.ndim for a in ax) if x.ndim else None
         k = bool(self.keep)
         xf = x.astype(np.float64) if x.dtype.kind in "iu" else x
         if op == "ReduceSumSquare":
-            y = np.sum(xf * xf, axis=t, keepdims=k)
-        elif op == "ReduceL1":
-            y = np.sum(np.abs(xf), axis=t, keepdims=k)
-        elif op == "ReduceL2":
-            y = np.sqrt(np.sum(xf * xf, axis=t, keepdims=k))
-        elif op == "ReduceLogSum":
-            y = np.log(np.sum(xf, axis=t, keepdims=k))
-        else:
-            m = np.max(xf, axis=t, keepdims=True) if x.size else np.zeros(1)
-            y = np.log(np.sum(np.exp(xf - m), axis=t, keepdims=True)) + m
-            if not k:
-                y = np.squeeze(y, axis=t)
-        return np.asarray(y).astype(x.dtype)
+            return np.sum(xf * xf, axis=t, keepdims=k)
+        if op == "ReduceL1":
+            return np.sum(np.abs(xf), axis=t, keepdims=k)
+        if op == "ReduceL2":
+            return np.sqrt(np.sum(xf * xf, axis=t, keepdims=k))
+        if op == "ReduceLogSum":
+            return np.log(np.sum(xf, axis=t, keepdims=k))
+        # the shift is the largest finite entry (an infinite one would give inf - inf = NaN)
+        m = np.max(np.where(np.isinf(xf), -np.inf, xf), axis=t, keepdims=True) if x.size else np.zeros(1)
+        m = np.where(np.isneginf(m), 0, m)  # nothing finite: no shift (inf stays inf, -inf -inf)
+        y = np.log(np.sum(np.exp(xf - m), axis=t, keepdims=True)) + m
+        return y if k else np.squeeze(y, axis=t)
 
 
 @register("", "ArgMax", "ArgMin")
@@ -260,7 +290,11 @@ class SimplifiedLayerNormalization(Kernel):
             out = np.empty(x.shape, dtype=F32)
             fast.rms_norm(x.reshape(-1, x.shape[-1]), scale, self.eps, out.reshape(-1, x.shape[-1]))
             return out
+        if not -x.ndim <= self.axis < x.ndim:
+            raise self.error(f"axis {self.axis} is out of range for rank {x.ndim}")
         a = self.axis % x.ndim
+        if not int(np.prod(x.shape[a:], dtype=np.int64)):  # as onnxruntime: nothing to normalize over
+            raise self.error(f"the normalized dimensions {list(x.shape[a:])} hold no element")
         axes = tuple(range(a, x.ndim))
         xf = x.astype(np.float32, copy=False)
         ms = np.mean(np.square(xf), axis=axes, keepdims=True)
@@ -272,22 +306,46 @@ class SimplifiedLayerNormalization(Kernel):
         return (y, inv.astype(np.float32))
 
 
+def _rank_of(spec: NodeSpec, index: int) -> int | None:
+    """The declared rank of input ``index`` (None when unknown)."""
+    t = spec.input_types[index] if index < len(spec.input_types) else None
+    shape = getattr(t, "shape", None)
+    return None if shape is None else len(shape)
+
+
+def _check_skip(kernel: Kernel, x: np.ndarray, skip: np.ndarray, gamma: np.ndarray, **vectors: Any) -> None:
+    """The operand shapes onnxruntime accepts for the skip normalizations: input [B, S, H] or
+    [S, H]; skip of the input's shape, [1, S, H] or [S, H]; gamma, beta and bias [H]."""
+    if x.ndim not in (2, 3):
+        raise kernel.error(f"input must have rank 2 or 3, got shape {list(x.shape)}")
+    h = x.shape[-1]
+    if not (skip.shape == x.shape or skip.shape == x.shape[-2:]
+            or (x.ndim == 3 and skip.shape == (1,) + x.shape[1:])):
+        raise kernel.error(f"skip shape {list(skip.shape)} must be {list(x.shape)}, [1, S, H] or [S, H]")
+    for name, v in (("gamma", gamma), *vectors.items()):
+        if v is not None and v.shape != (h,):
+            raise kernel.error(f"{name} shape {list(v.shape)} must be [{h}]")
+
+
 @register("com.microsoft", "SkipSimplifiedLayerNormalization")
 class SkipSimplifiedLayerNormalization(Kernel):
-    """Outputs: normalized, mean (unused, empty), inv_std_var, input + skip (+ bias)."""
+    """Outputs: normalized, mean (zeros of shape [..., 1], as onnxruntime gives it: a
+    simplified norm subtracts no mean), inv_std_var [..., 1], input + skip (+ bias)."""
 
     def __init__(self, spec: NodeSpec):
         super().__init__(spec)
-        self.eps = spec.float("epsilon", 1e-5)
+        self.eps = spec.float("epsilon", 1e-12)  # the com.microsoft schema's default
         self.n_out = spec.n_outputs
         self.stats_used = any(spec.outputs_used[1:3])
-        if fast.SkipRowNorm is not None and not self.stats_used and self.n_out in (1, 4) and self.eps >= 0:
+        if (fast.SkipRowNorm is not None and not self.stats_used and self.n_out in (1, 4) and self.eps >= 0
+                and _rank_of(spec, 0) in (2, 3)):  # the compiled call checks all but the rank
             self.run = fast.SkipRowNorm(self.eps, self.n_out, self._run)  # type: ignore[method-assign]
 
     def run(self, x, skip, gamma, bias=None):
         return self._run(x, skip, gamma, bias)
 
     def _run(self, x, skip, gamma, bias=None):
+        _check_skip(self, x, skip, gamma, bias=bias)
         if (fast.skip_rms_norm is not None and not self.stats_used and self.n_out in (1, 4) and x.shape == skip.shape
                 and _fast_rows(x, gamma, -1) and skip.dtype == F32 and skip.flags.c_contiguous
                 and (bias is None or bias.dtype == F32)):
@@ -307,7 +365,8 @@ class SkipSimplifiedLayerNormalization(Kernel):
         y = (s * inv) * gamma
         if self.n_out == 1:
             return y
-        outs = [y, np.empty(0, dtype=np.float32), inv.astype(np.float32), s]
+        inv = inv.astype(np.float32)
+        outs = [y, np.zeros(inv.shape, dtype=np.float32), inv, s]  # mean: 0, as onnxruntime gives it
         return tuple(outs[:self.n_out])
 
 
@@ -320,7 +379,11 @@ class LayerNormalization(Kernel):
         self.n_out = spec.n_outputs
 
     def run(self, x, scale, bias=None):
+        if not -x.ndim <= self.axis < x.ndim:
+            raise self.error(f"axis {self.axis} is out of range for rank {x.ndim}")
         a = self.axis % x.ndim
+        if not int(np.prod(x.shape[a:], dtype=np.int64)):  # as onnxruntime: nothing to normalize over
+            raise self.error(f"the normalized dimensions {list(x.shape[a:])} hold no element")
         axes = tuple(range(a, x.ndim))
         xf = x.astype(np.float32) if x.dtype != np.float64 else x
         mean = np.mean(xf, axis=axes, keepdims=True)
@@ -344,6 +407,7 @@ class SkipLayerNormalization(Kernel):
         self.n_out = spec.n_outputs
 
     def run(self, x, skip, gamma, beta=None, bias=None):
+        _check_skip(self, x, skip, gamma, beta=beta, bias=bias)
         s = x + skip
         if bias is not None:
             s = s + bias

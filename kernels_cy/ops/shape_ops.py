@@ -14,7 +14,7 @@ import numpy as np
 from onnxforge.kernels_cy.ops import fast
 from onnxforge.kernels_cy.ops.base import Kernel, NodeSpec, register
 
-__all__ = ["reshape_target"]
+__all__ = ["checked_axes", "reshape_target"]
 
 
 def reshape_target(shape: Any, data_shape: tuple[int, ...], allowzero: int) -> tuple[int, ...]:
@@ -65,6 +65,18 @@ def _axes(spec: NodeSpec, index: int) -> list[int] | None:
     return None if c is None else [int(a) for a in np.ravel(c)]
 
 
+def checked_axes(axes: list[int], rank: int, what: str, fail: Any) -> tuple[int, ...]:
+    """``axes`` normalized into ``[0, rank)``; out of range or repeated raises ``fail(message)``."""
+    out = []
+    for a in axes:
+        if not -rank <= a < rank:
+            raise fail(f"{what} axis {a} is out of range for rank {rank}")
+        out.append(a % rank)
+    if len(set(out)) != len(out):
+        raise fail(f"{what} axes {axes} repeat an axis")
+    return tuple(out)
+
+
 @register("", "Squeeze")
 class Squeeze(_View):
     def __init__(self, spec: NodeSpec):
@@ -78,7 +90,7 @@ class Squeeze(_View):
             ax = [int(a) for a in np.ravel(axes)]
         if ax is None:
             ax = [i for i, d in enumerate(x.shape) if d == 1]
-        ax = tuple(a % x.ndim for a in ax) if x.ndim else ()
+        ax = checked_axes(ax, x.ndim, "Squeeze", self.error)
         for a in ax:
             if x.shape[a] != 1:
                 raise self.error(f"cannot squeeze axis {a} of shape {x.shape}")
@@ -90,11 +102,13 @@ class Unsqueeze(_View):
     def __init__(self, spec: NodeSpec):
         super().__init__(spec)
         self.axes = _axes(spec, 1)
+        if self.axes is not None and len(set(self.axes)) != len(self.axes):
+            raise spec.fail(f"Unsqueeze axes {self.axes} repeat an axis")
 
     def run(self, x, axes=None):
         ax = self.axes if self.axes is not None else [int(a) for a in np.ravel(axes)]
         r = x.ndim + len(ax)
-        ax = sorted(a % r for a in ax)
+        ax = sorted(checked_axes(ax, r, "Unsqueeze", self.error))
         shape = list(x.shape)
         for a in ax:
             shape.insert(a, 1)
@@ -133,21 +147,26 @@ class Slice(_View):
     def run(self, x, starts=None, ends=None, axes=None, steps=None):
         if self.legacy:
             starts, ends, axes = self.starts, self.ends, self.axes_attr
-        starts = [int(s) for s in starts]
-        ends = [int(e) for e in ends]
-        axes = list(range(len(starts))) if axes is None else [int(a) % x.ndim for a in axes]
-        steps = [1] * len(starts) if steps is None else [int(s) for s in steps]
+        starts = [int(s) for s in np.ravel(starts)]
+        ends = [int(e) for e in np.ravel(ends)]
+        k = len(starts)
+        axes = list(range(k)) if axes is None else [int(a) for a in np.ravel(axes)]
+        steps = [1] * k if steps is None else [int(s) for s in np.ravel(steps)]
+        if not len(ends) == len(axes) == len(steps) == k:
+            raise self.error(f"starts, ends, axes and steps differ in length ({k}, {len(ends)}, "
+                             f"{len(axes)}, {len(steps)})")
+        axes = list(checked_axes(axes, x.ndim, "Slice", self.error))
         index = [slice(None)] * x.ndim
         for s, e, a, st in zip(starts, ends, axes, steps):
             if st == 0:
                 raise self.error("slice step 0")
             n = x.shape[a]
-            if st > 0:
-                s = max(0, min(n, s + n if s < 0 else s))
-                e = max(0, min(n, e + n if e < 0 else e))
-            else:
-                s = max(-1, min(n - 1, s + n if s < 0 else s))
-                e = max(-1, min(n - 1, e + n if e < 0 else e))
+            s = s + n if s < 0 else s
+            e = e + n if e < 0 else e
+            if st > 0:  # both clamped into [0, n]
+                s, e = max(0, min(n, s)), max(0, min(n, e))
+            else:  # start into [0, n - 1], end into [-1, n - 1] (-1: through element 0)
+                s, e = max(0, min(n - 1, s)), max(-1, min(n - 1, e))
                 if e < 0:
                     e = None
             index[a] = slice(s, e, st)
@@ -224,16 +243,45 @@ class Gather(Kernel):
             raise self.error(f"Gather index out of range [{-n}, {n})") from None
 
 
+def _checked_indices(kernel: Kernel, idx: np.ndarray, dims: Any, what: str) -> np.ndarray:
+    """int64 copy of ``idx`` with negatives wrapped once; each index ``i`` along the last
+    axis of ``dims`` (broadcast) must lie in ``[-dims, dims)`` or a KernelError is raised."""
+    if idx.dtype.kind not in "iu":
+        raise kernel.error(f"{what} indices must be integers, got {idx.dtype}")
+    ii = idx.astype(np.int64)
+    d = np.asarray(dims, dtype=np.int64)
+    bad = (ii < -d) | (ii >= d)
+    if bad.any():
+        pos = tuple(int(v) for v in np.argwhere(bad)[0])
+        raise kernel.error(f"{what} index out of range: {int(ii[pos])} at {list(pos)} for a "
+                           f"dimension of {int(np.broadcast_to(d, ii.shape)[pos])}")
+    return np.where(ii < 0, ii + d, ii)
+
+
 @register("", "GatherElements")
 class GatherElements(Kernel):
+    """``out[i0, ..., ik, ...] = x[i0, ..., idx[i0, ..., ik, ...], ...]`` with ``k = axis``:
+    the output has the indices' shape."""
+
     def __init__(self, spec: NodeSpec):
         super().__init__(spec)
         self.axis = spec.int("axis", 0)
 
     def run(self, x, idx):
-        a = self.axis % x.ndim
-        idx = np.where(idx < 0, idx + x.shape[a], idx)
-        return np.take_along_axis(x, idx.astype(np.int64), axis=a)
+        r = x.ndim
+        if idx.ndim != r or r == 0:
+            raise self.error(f"indices rank {idx.ndim} must equal the data rank {r} (>= 1)")
+        if not -r <= self.axis < r:
+            raise self.error(f"axis {self.axis} is out of range for rank {r}")
+        a = self.axis % r
+        for i in range(r):
+            if i != a and idx.shape[i] > x.shape[i]:
+                raise self.error(f"indices shape {list(idx.shape)} exceeds the data shape "
+                                 f"{list(x.shape)} on axis {i}")
+        ii = _checked_indices(self, idx, x.shape[a], "GatherElements")
+        grid = list(np.indices(idx.shape, sparse=True))
+        grid[a] = ii
+        return np.ascontiguousarray(x[tuple(grid)]).reshape(idx.shape)
 
 
 @register("", "GatherND")
@@ -241,25 +289,30 @@ class GatherND(Kernel):
     def __init__(self, spec: NodeSpec):
         super().__init__(spec)
         self.b = spec.int("batch_dims", 0)
+        if self.b < 0:
+            raise spec.fail(f"batch_dims={self.b} must not be negative")
 
     def run(self, x, idx):
         b = self.b
-        idx = np.asarray(idx, dtype=np.int64)
+        if idx.ndim < 1 or idx.ndim <= b or x.ndim <= b:
+            raise self.error(f"batch_dims={b} needs data and indices of rank > {b}, got ranks "
+                             f"{x.ndim} and {idx.ndim}")
+        if x.shape[:b] != idx.shape[:b]:
+            raise self.error(f"the first batch_dims={b} dimensions of data {list(x.shape)} and "
+                             f"indices {list(idx.shape)} differ")
         k = idx.shape[-1]
-        if b == 0 and 0 < k <= x.ndim:  # one fancy index (numpy wraps negatives, checks the range)
-            try:
-                return np.ascontiguousarray(x[tuple(idx[..., j] for j in range(k))])
-            except IndexError:
-                raise self.error(f"GatherND index out of range for data shape {list(x.shape)}") from None
+        if k > x.ndim - b:
+            raise self.error(f"indices last dimension {k} exceeds the data rank {x.ndim} - batch_dims {b}")
+        ii = _checked_indices(self, idx, x.shape[b:b + k], "GatherND")
         bshape = x.shape[:b]
         nb = int(np.prod(bshape, dtype=np.int64))
+        tail = x.shape[b + k:]
         xr = x.reshape((nb,) + x.shape[b:])
-        ir = idx.reshape((nb, -1, k))
-        dims = np.array(x.shape[b:b + k], dtype=np.int64)
-        ir = np.where(ir < 0, ir + dims, ir)
-        outs = [xr[i][tuple(ir[i].T)] for i in range(nb)]
-        out = np.stack(outs) if outs else np.empty((0,) + ir.shape[1:2] + x.shape[b + k:], dtype=x.dtype)
-        return np.ascontiguousarray(out.reshape(idx.shape[:-1] + x.shape[b + k:]))
+        m = int(np.prod(idx.shape[b:-1], dtype=np.int64))
+        ir = ii.reshape((nb, m, k))
+        batch = np.broadcast_to(np.arange(nb, dtype=np.int64)[:, None], (nb, m))
+        out = xr[(batch,) + tuple(ir[..., j] for j in range(k))]  # [nb, m] + tail
+        return np.ascontiguousarray(out).reshape(idx.shape[:-1] + tail)
 
 
 @register("", "ScatterND")
@@ -269,9 +322,17 @@ class ScatterND(Kernel):
         self.reduction = spec.choice("reduction", "none", {"none", "add", "mul", "max", "min"})
 
     def run(self, x, idx, upd):
-        out = np.array(x, copy=True)
+        if idx.ndim < 1:
+            raise self.error("indices must have rank >= 1")
         k = idx.shape[-1]
-        flat_idx = idx.reshape(-1, k)
+        if k > x.ndim:
+            raise self.error(f"indices last dimension {k} exceeds the data rank {x.ndim}")
+        want = idx.shape[:-1] + x.shape[k:]
+        if upd.shape != want:
+            raise self.error(f"updates shape {list(upd.shape)} must be {list(want)}")
+        ii = _checked_indices(self, idx, x.shape[:k], "ScatterND")  # checked before any write
+        out = np.array(x, copy=True)
+        flat_idx = ii.reshape(-1, k)
         flat_upd = upd.reshape((flat_idx.shape[0],) + x.shape[k:])
         for i in range(flat_idx.shape[0]):
             t = tuple(int(v) for v in flat_idx[i])
@@ -336,15 +397,23 @@ class Constant(Kernel):
 
 @register("", "Split")
 class Split(Kernel):
+    """Parts along ``axis``: the ``split`` sizes (attribute before opset 13, else input 1),
+    or ``num_outputs`` / the output count equal parts (the last one smaller when the
+    extent does not divide). One output is one array, several a tuple; always new buffers."""
+
     def __init__(self, spec: NodeSpec):
         super().__init__(spec)
         self.axis = spec.int("axis", 0)
         self.n = spec.n_outputs
-        self.num_outputs = spec.attrs.get("num_outputs")
+        num = spec.attrs.get("num_outputs")
+        if num is not None and int(num) != self.n:
+            raise spec.fail(f"num_outputs={num} but the node has {self.n} outputs")
         self.split_attr = spec.ints("split") if spec.opset < 13 else None
         const = spec.const(1) if spec.n_inputs > 1 else None
         if const is not None:
             self.split_attr = [int(v) for v in np.ravel(const)]
+        if self.split_attr is not None:
+            self._check_sizes(self.split_attr, spec.fail)
         # for a constant split: the slices, built once (a negative axis counts from the end)
         self.slices = None
         if self.split_attr is not None:
@@ -355,31 +424,44 @@ class Split(Kernel):
             self.slices = [lead + (slice(lo, hi),) + tail for lo, hi in zip(bounds[:-1], bounds[1:])]
             self.extent = bounds[-1]
             self.min_rank = ax + 1 if ax >= 0 else -ax
-            if fast.SplitCall is not None and len(self.split_attr) == self.n and min(self.split_attr, default=0) >= 0:
+            if fast.SplitCall is not None and self.n > 1:
                 self.run = fast.SplitCall(self.split_attr, ax, self._run)  # type: ignore[method-assign]
+
+    def _check_sizes(self, sizes: list[int], fail: Any) -> None:
+        if len(sizes) != self.n:
+            raise fail(f"split has {len(sizes)} sizes for {self.n} outputs")
+        if any(v < 0 for v in sizes):
+            raise fail(f"split sizes {sizes} must not be negative")
 
     def run(self, x, split=None):
         return self._run(x, split)
 
     def _run(self, x, split=None):
-        if self.slices is not None and x.ndim >= self.min_rank and x.shape[self.axis] == self.extent:
-            return tuple([np.array(x[sl], copy=True) for sl in self.slices])  # new buffers, never views
+        if not -x.ndim <= self.axis < x.ndim:
+            raise self.error(f"axis {self.axis} is out of range for rank {x.ndim}")
         a = self.axis % x.ndim
         n = x.shape[a]
-        if split is None:
-            split = self.split_attr
-        if split is None:
+        if self.slices is not None and x.shape[a] == self.extent:
+            outs = [np.array(x[sl], copy=True) for sl in self.slices]  # new buffers, never views
+            return outs[0] if self.n == 1 else tuple(outs)
+        sizes = self.split_attr
+        if sizes is None and split is not None:
+            sizes = [int(v) for v in np.ravel(split)]
+            self._check_sizes(sizes, self.error)
+        if sizes is None:
             k = self.n
             size = -(-n // k)
-            split = [min(size, n - i * size) for i in range(k)]
+            sizes = [max(0, min(size, n - i * size)) for i in range(k)]
+        if sum(sizes) != n:
+            raise self.error(f"split sizes {sizes} add up to {sum(sizes)}, not the extent {n} of axis {a}")
         lead = (slice(None),) * a
         outs = []
         lo = 0
-        for size in (split.tolist() if isinstance(split, np.ndarray) else split):
-            hi = lo + int(size)
+        for size in sizes:
+            hi = lo + size
             outs.append(np.array(x[lead + (slice(lo, hi),)], copy=True))  # a new buffer, never a view
             lo = hi
-        return tuple(outs)
+        return outs[0] if self.n == 1 else tuple(outs)
 
 
 @register("", "Tile")
@@ -415,16 +497,21 @@ class Pad(Kernel):
         width = [(0, 0)] * r
         for i, a in enumerate(axes):
             width[a] = (pads[i], pads[i + k])
+        # pad by the positive amounts, then crop by the negative ones (a crop may eat padding)
         crop = [slice(None)] * r
         width2 = []
         for a, (lo, hi) in enumerate(width):
-            crop[a] = slice(-lo if lo < 0 else 0, x.shape[a] + hi if hi < 0 else None)
+            n = x.shape[a] + max(lo, 0) + max(hi, 0)
+            if x.shape[a] + lo + hi < 0:
+                raise self.error(f"pads ({lo}, {hi}) crop more than the {x.shape[a]} elements of axis {a}")
+            crop[a] = slice(max(-lo, 0), n - max(-hi, 0))
             width2.append((max(lo, 0), max(hi, 0)))
-        x = x[tuple(crop)]
         if self.mode == "constant":
             v = self.value_attr if value is None or value.size == 0 else value.reshape(-1)[0]
-            return np.pad(x, width2, mode="constant", constant_values=v)
-        return np.pad(x, width2, mode=self.mode)
+            y = np.pad(x, width2, mode="constant", constant_values=v)
+        else:
+            y = np.pad(x, width2, mode=self.mode)
+        return np.ascontiguousarray(y[tuple(crop)])
 
 
 @register("", "TensorScatter")

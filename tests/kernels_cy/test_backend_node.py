@@ -51,15 +51,8 @@ class OnnxforgeBackend(Backend):
         return device == "CPU"
 
 
-_BF16 = ("bfloat16 intermediates of the expanded function body round differently from the "
-         "reference beyond the case's tolerance; the fused (non-expanded) case passes")
 _E8M0 = "Cast to FLOAT8E8M0 with round_mode='up' (opset 25): ml_dtypes rounds to nearest"
 KNOWN_FAILURES: dict[str, str] = {
-    "test_attention_3d_causal_bf16_expanded": _BF16,
-    "test_attention_4d_attn_mask_causal_bf16_expanded": _BF16,
-    "test_attention_4d_causal_bf16_expanded": _BF16,
-    "test_attention_4d_causal_padded_kv_bf16_expanded": _BF16,
-    "test_attention_4d_padded_kv_bf16_expanded": _BF16,
     "test_cast_e8m0_FLOAT16_to_FLOAT8E8M0": _E8M0,
     "test_cast_e8m0_FLOAT_to_FLOAT8E8M0": _E8M0,
     "test_identity_opt": "optional-typed values: the backend supports tensors only",
