@@ -52,7 +52,8 @@ from onnxforge.graphbuilder.ir import (
     Node,
     Value,
 )
-from onnxforge.graphbuilder.scope_order import CycleError, in_order_throughout, topological_order
+from onnxforge.graphbuilder.scope_order import (CycleError, captured_reads, in_order_throughout,
+                                                 topological_order)
 from onnxforge.graphbuilder.shapes_memo import (
     Record,
     Seen,
@@ -933,17 +934,7 @@ def _demand_deps(node: Node) -> Iterator[Node]:
             yield v._producer
     if not (node.attributes and node.subgraphs()):
         return
-    bodies: set[int] = set()
     for sg in node.subgraphs():
-        bodies.update(id(g) for g in sg.all_graphs())
-    for sg in node.subgraphs():
-        for g in sg.all_graphs():
-            for inner in g:
-                for v in inner._inputs:
-                    p = v._producer if v is not None else None
-                    if p is not None and id(p.graph) not in bodies:
-                        yield p
-            for v in g.outputs:
-                p = v._producer
-                if p is not None and id(p.graph) not in bodies:
-                    yield p
+        for v in captured_reads(sg):
+            if v._producer is not None:
+                yield v._producer

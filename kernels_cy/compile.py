@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from onnxforge.graphbuilder.ir import AttrType, Function, Graph, Model, Node, Value
+from onnxforge.graphbuilder.scope_order import CycleError, captured_values
 from onnxforge.graphbuilder.storage import Storage
 from onnxforge.graphbuilder.tensors import EncodedTensor, Tensor
 from onnxforge.kernels_cy.errors import BackendError, UnsupportedOperatorError
@@ -32,7 +33,6 @@ from onnxforge.kernels_cy.fused import Fused, SwiGLU, find_swiglu
 from onnxforge.kernels_cy.ops.base import REGISTRY, Kernel, NodeSpec, norm_domain
 from onnxforge.kernels_cy.plan import Program
 from onnxforge.kernels_cy.runctx import RunContext
-from onnxforge.passes.topo import CycleError
 from onnxforge.passes.topo import schedule as topo_schedule
 from onnxforge.proto_ext.errors import OnnxforgeError
 from onnxforge.proto_ext.types import TensorType
@@ -63,21 +63,6 @@ def _reads(node: Node) -> list[Value]:
     for sg in node.subgraphs():
         out.extend(captured_values(sg))
     return out
-
-
-def captured_values(graph: Graph) -> list[Value]:
-    """Values used inside ``graph`` (or its subgraphs) but defined outside it, in use order."""
-    inner = {id(g) for g in graph.all_graphs()}
-    seen: dict[int, Value] = {}
-    for g in graph.all_graphs():
-        uses = [v for n in g for v in n.inputs if v is not None] + list(g.outputs)
-        for v in uses:
-            owner = v.graph
-            if owner is not None and id(owner) in inner:
-                continue
-            if id(v) not in seen:
-                seen[id(v)] = v
-    return list(seen.values())
 
 
 def schedule(body: Body, storage: Storage | None = None) -> list[Node]:

@@ -52,47 +52,45 @@ import numpy as np
 import onnxforge.kernels_cy._paged as _paged
 from onnxforge.kernels_cy.errors import (PageCapacityError, PagedCacheError, PageFormatError,
                                          PageIdError, PageShapeError)
+from onnxforge.proto_ext.codecs import kvpages
 
 __all__ = ["PAGE_FORMATS", "PageCounters", "PageStage", "PagedCacheError", "PagedKVCache", "page_nbytes",
            "parse_formats"]
 
-PAGE_FORMATS: tuple[str, ...] = tuple(_paged.FORMAT_NAMES)
-_CODE = {name: i for i, name in enumerate(PAGE_FORMATS)}
+# The format catalogue (names, codes, page sizes, geometry, policies) is
+# proto_ext.codecs.kvpages; the compiled kernels number formats by FORMAT_CODES.
+PAGE_FORMATS: tuple[str, ...] = kvpages.FORMATS
+_CODE = kvpages.FORMAT_CODES
 F32 = np.dtype(np.float32)
 
 
 def _check_shape(kv_heads: int, page_size: int, head_dim: int) -> None:
-    for name, v in (("kv_heads", kv_heads), ("page_size", page_size), ("head_dim", head_dim)):
-        if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v <= 0:
-            raise PageShapeError(f"{name} must be a positive int, got {v!r}")
-    if head_dim % 32:
-        raise PageShapeError(f"head_dim {head_dim} must be a multiple of 32 (every page format)")
-    if page_size % 4:
-        raise PageShapeError(f"page_size {page_size} must be a multiple of 4 (int2 key channels)")
+    try:
+        kvpages.check_geometry(kv_heads, page_size, head_dim)
+    except kvpages.PageFormatError as e:
+        raise PageShapeError(str(e)) from None
 
 
 def _code(fmt: Any) -> int:
-    code = _CODE.get(fmt) if isinstance(fmt, str) else None
-    if code is None:
-        raise PageFormatError(f"unknown page format {fmt!r}; the formats are {', '.join(PAGE_FORMATS)}")
-    return code
+    try:
+        return kvpages.format_code(fmt)
+    except kvpages.PageFormatError as e:
+        raise PageFormatError(str(e)) from None
 
 
 def page_nbytes(fmt: str, kv_heads: int, page_size: int, head_dim: int) -> int:
     """Payload bytes of one page ``[2, kv_heads, page_size, head_dim]`` in format ``fmt``."""
     _check_shape(kv_heads, page_size, head_dim)
-    return int(_paged.page_bytes(_code(fmt), kv_heads, page_size, head_dim))
+    _code(fmt)
+    return int(kvpages.page_nbytes(fmt, kv_heads, page_size, head_dim))
 
 
 def parse_formats(formats: str | Sequence[str]) -> tuple[str, ...]:
     """A format policy from ``"float32,int8,int4"`` or a sequence of names (newest first)."""
-    names = formats.split(",") if isinstance(formats, str) else list(formats)
-    names = [n.strip() if isinstance(n, str) else n for n in names]
-    if not names:
-        raise PageFormatError("the format policy is empty; give at least one format")
-    for n in names:
-        _code(n)
-    return tuple(names)
+    try:
+        return kvpages.parse_policy(formats)
+    except kvpages.PageFormatError as e:
+        raise PageFormatError(str(e)) from None
 
 
 def _position(position: Any) -> int:

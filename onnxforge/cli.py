@@ -391,7 +391,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from onnxforge.kernels_cy.cli_run import run_command
+    from onnxforge.commands.run import run_command
 
     label = args.model
     args.model = _load_ir(args.model, verified=True)
@@ -399,7 +399,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
-    from onnxforge.kernels_cy.cli_state import generate_command
+    from onnxforge.commands.generate import generate_command
 
     label = args.model
     if str(args.model).startswith(_BUILTIN):  # a path stays a path: genai_config.json sits beside it
@@ -445,7 +445,7 @@ def _cmd_stateful(args: argparse.Namespace) -> int:
         raise CommandLineError(f"--max-length must be a positive int, got {args.max_length}")
     model = _load_ir(args.model, verified=True)
     config = None if args.model.startswith(_BUILTIN) else read_genai_config(args.model)
-    from onnxforge.kernels_cy.cli_state import cache_options
+    from onnxforge.commands.cache import cache_options
 
     model = make_stateful(model, max_length=args.max_length, bindings=bindings, batch=args.batch,
                           genai_config=config, **cache_options(args))
@@ -579,7 +579,7 @@ def build_parser() -> argparse.ArgumentParser:
     exp.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     exp.set_defaults(func=_cmd_export)
 
-    from onnxforge.kernels_cy.cli_run import SUMMARY as RUN_SUMMARY, add_run_parser
+    from onnxforge.commands.run import SUMMARY as RUN_SUMMARY, add_run_parser
 
     run = add_run_parser(sub, help=RUN_SUMMARY, description=RUN_SUMMARY, parents=[common],
                          formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -596,13 +596,13 @@ def build_parser() -> argparse.ArgumentParser:
                           "it, pairs come from genai_config.json or the names past_key_values.N.* / "
                           "present.N.*")
     stf.add_argument("--batch", type=int, default=None, help="fix a symbolic batch dimension")
-    from onnxforge.kernels_cy.cli_state import add_cache_options
+    from onnxforge.commands.cache import add_cache_options
 
     add_cache_options(stf)
     stf.add_argument("--json", action="store_true", help="print the bindings as JSON")
     stf.set_defaults(func=_cmd_stateful)
 
-    from onnxforge.kernels_cy.cli_state import SUMMARY as GEN_SUMMARY, add_generate_parser
+    from onnxforge.commands.generate import SUMMARY as GEN_SUMMARY, add_generate_parser
 
     gen = add_generate_parser(sub, help=GEN_SUMMARY, description=GEN_SUMMARY, parents=[common],
                               formatter_class=argparse.RawDescriptionHelpFormatter,

@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from onnxforge.graphbuilder.ir import Function, Graph, Model, Node, Value
+from onnxforge.graphbuilder.scope_order import captured_values
 from onnxforge.graphbuilder.tensors import EncodedTensor
 from onnxforge.passes.analysis import Analysis, AnalysisManager, register_analysis
 from onnxforge.passes.effects import Effects, effect_analysis
@@ -112,31 +113,12 @@ def view_source(node: Node, effects: Effects) -> Value | None:
     return src
 
 
-def _free_values(g: Graph, memo: dict[Graph, tuple[Value, ...]]) -> tuple[Value, ...]:
-    """Values defined outside ``g`` that ``g`` (or a body nested in it) reads or returns."""
+def _captured(g: Graph, memo: dict[Graph, tuple[Value, ...]]) -> tuple[Value, ...]:
+    """:func:`~onnxforge.graphbuilder.scope_order.captured_values` of ``g``, once per graph."""
     got = memo.get(g)
-    if got is not None:
-        return got
-    defined: set[Value] = set(g.inputs)
-    defined.update(g.all_initializers())
-    for n in g:
-        defined.update(n.outputs)
-    free: dict[Value, None] = {}
-    for n in g:
-        for v in n.inputs:
-            if v is not None and v not in defined:
-                free[v] = None
-        if n.attributes:
-            for sg in n.subgraphs():
-                for v in _free_values(sg, memo):
-                    if v not in defined:
-                        free[v] = None
-    for v in g.outputs:
-        if v not in defined:
-            free[v] = None
-    out = tuple(free)
-    memo[g] = out
-    return out
+    if got is None:
+        got = memo[g] = tuple(captured_values(g))
+    return got
 
 
 def _model_of(c: Container) -> Model:
@@ -173,7 +155,7 @@ def liveness(container: Container, effects: Effects | None = None, *,
                 last_use[v] = i
         if n.attributes:
             for sg in n.subgraphs():
-                for v in _free_values(sg, memo):
+                for v in _captured(sg, memo):
                     last_use[v] = i
         view = view_source(n, fx)
         for k, o in enumerate(n.outputs):

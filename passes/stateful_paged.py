@@ -47,8 +47,7 @@ from onnxforge.passes.stateful import StatefulError
 from onnxforge.passes.stateful_torch import Emitter
 from onnxforge.passes.topo import schedule
 from onnxforge.proto_ext.codecs.kvcache import cache_declaration
-from onnxforge.proto_ext.codecs.kvpages import FORMATS as PAGE_FORMATS
-from onnxforge.proto_ext.codecs.kvpages import declare_or_reuse
+from onnxforge.proto_ext.codecs.kvpages import PageFormatError, declare_or_reuse, parse_policy
 from onnxforge.proto_ext.types import StructType, TensorType
 
 __all__ = ["parse_page_formats", "to_paged"]
@@ -59,17 +58,12 @@ _GQA = ("com.microsoft", "GroupQueryAttention")
 
 
 def parse_page_formats(formats: str | Sequence[str]) -> tuple[str, ...]:
-    """``"float32,int8,int4"`` or a list -> a tuple of format names (newest page first)."""
-    items = formats.split(",") if isinstance(formats, str) else list(formats)
-    names = tuple(str(f).strip().lower() for f in items)
-    if not names or any(not f for f in names):
-        raise StatefulError(f"formats {formats!r}: give one or more of {', '.join(PAGE_FORMATS)}, "
-                            f"newest page first")
-    bad = [f for f in names if f not in PAGE_FORMATS]
-    if bad:
-        raise StatefulError(f"unknown page format(s) {', '.join(map(repr, bad))}: the formats are "
-                            f"{', '.join(PAGE_FORMATS)}")
-    return names
+    """``"float32,int8,int4"`` or a list -> a tuple of format names (newest page first),
+    case-insensitive; the policy rules are :func:`~onnxforge.proto_ext.codecs.kvpages.parse_policy`'s."""
+    try:
+        return parse_policy(formats, fold_case=True)
+    except PageFormatError as e:
+        raise StatefulError(f"formats {formats!r}: {e}") from None
 
 
 def _where(n: Node) -> str:

@@ -12,7 +12,9 @@ first in the original order goes next. Dependencies are
   before the node that writes that version (rule L13). A graph where a reader
   depends on its writer has no such order: :class:`CycleError`.
 
-A cycle raises :class:`CycleError` naming nodes on it.
+The data order, the sort itself and :class:`CycleError` (raised naming nodes on a
+cycle, re-exported here) are the IR's, in :mod:`onnxforge.graphbuilder.scope_order`;
+this pass adds the storage edges and reorders the bodies.
 
 Before / after::
 
@@ -25,11 +27,8 @@ an already sorted one is recognised in O(N + E).
 """
 from __future__ import annotations
 
-import heapq
-
-from onnxforge.proto_ext.errors import OnnxforgeError
-from onnxforge.graphbuilder.ir import Function, Graph, Model, Node, Value
-from onnxforge.graphbuilder.scope_order import in_order, in_order_throughout
+from onnxforge.graphbuilder.ir import Function, Graph, Model, Node
+from onnxforge.graphbuilder.scope_order import CycleError, in_order, in_order_throughout, topological_order
 from onnxforge.graphbuilder.storage import Storage
 from onnxforge.passes.invariants import containers, owner_in
 from onnxforge.passes.manager import Pass, PassResult, register_pass
@@ -37,10 +36,6 @@ from onnxforge.passes.manager import Pass, PassResult, register_pass
 __all__ = ["CycleError", "TopologicalSortPass", "schedule", "topological_sort"]
 
 Container = Graph | Function
-
-
-class CycleError(OnnxforgeError, ValueError):
-    """The nodes of a graph depend on each other in a cycle (no valid order exists)."""
 
 
 def _storage_edges(c: Container, storage: Storage) -> dict[int, set[int]]:
@@ -62,78 +57,24 @@ def _storage_edges(c: Container, storage: Storage) -> dict[int, set[int]]:
     return extra
 
 
-def _outer_reads(node: Node) -> list[Value]:
-    out: list[Value] = []
-    for sg in node.subgraphs():
-        for inner in sg.all_nodes():
-            out.extend(v for v in inner._inputs if v is not None)
-    return out
-
-
 def schedule(c: Container, storage: Storage) -> list[Node]:
     """The order the sort gives ``c`` (data dependencies, and every reader of a version
     before its in-place writer; stable), without reordering anything. The backend
-    schedules its plans with it."""
-    extra = _storage_edges(c, storage)
-    if not extra and in_order(c):
-        return list(c)
-    return _order(c, extra)
+    schedules its plans with it. The IR's order
+    (:func:`~onnxforge.graphbuilder.scope_order.topological_order`) with the storage
+    edges added."""
+    return topological_order(c, _storage_edges(c, storage))
 
 
 def _sort(c: Container, storage: Storage) -> bool:
     extra = _storage_edges(c, storage)
     if not extra and in_order(c):
         return False
-    order = _order(c, extra)
+    order = topological_order(c, extra)
     if all(a is b for a, b in zip(order, c)):
         return False
     c.reorder(order)
     return True
-
-
-def _order(c: Container, extra: dict[int, set[int]]) -> list[Node]:
-    nodes = list(c)
-    position = {id(n): k for k, n in enumerate(nodes)}
-    by_id = {id(n): n for n in nodes}
-    succs: dict[int, list[Node]] = {}
-    indegree: dict[int, int] = {}
-    for n in nodes:
-        preds: set[int] = set(extra.get(id(n), ()))
-        reads = [v for v in n.inputs if v is not None]
-        if n.attributes:
-            reads.extend(_outer_reads(n))
-        for v in reads:
-            p = v.producer()
-            if p is None:
-                continue
-            if p.graph is not c:
-                p = owner_in(p, c)
-                if p is None:
-                    continue
-            if p is not n:
-                preds.add(id(p))
-        preds.discard(id(n))
-        indegree[id(n)] = len(preds)
-        for q in preds:
-            succs.setdefault(q, []).append(n)
-    ready = [(position[id(n)], id(n)) for n in nodes if not indegree[id(n)]]
-    heapq.heapify(ready)
-    order: list[Node] = []
-    while ready:
-        _, key = heapq.heappop(ready)
-        n = by_id[key]
-        order.append(n)
-        for s in succs.get(key, ()):
-            indegree[id(s)] -= 1
-            if not indegree[id(s)]:
-                heapq.heappush(ready, (position[id(s)], id(s)))
-    if len(order) != len(nodes):
-        stuck = [n for n in nodes if indegree[id(n)]]
-        shown = ", ".join(repr(n) for n in stuck[:5])
-        raise CycleError(f"{c.path()}: {len(stuck)} node(s) depend on each other in a cycle "
-                         f"(data, or a reader of a version that depends on its in-place writer: "
-                         f"rule L13), e.g. {shown}")
-    return order
 
 
 def topological_sort(model: Model, *, storage: Storage | None = None) -> bool:

@@ -118,6 +118,13 @@ class Scan(_WithBodies):
         seqs = list(ins[self.n_state:])
         seqs = [np.moveaxis(s, a % s.ndim, 0) for s, a in zip(seqs, self.in_axes)]
         n = seqs[0].shape[0] if seqs else 0
+        if any(s.shape[0] != n for s in seqs):
+            raise self.error(f"the scan inputs have {[s.shape[0] for s in seqs]} iterations along their "
+                             f"scan axes; they must agree")
+        if n == 0 and self.k:
+            # no iteration: the scan outputs' element shapes come only from running the body
+            # (onnx.reference and onnxruntime refuse this too)
+            raise self.error("a scan over zero iterations has no shape for its scan outputs")
         outs_acc: list[list[np.ndarray]] = [[] for _ in range(self.k)]
         prog = self.body.program
         for t in range(n):

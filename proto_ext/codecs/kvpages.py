@@ -41,13 +41,19 @@ Example: one int4 record is 18 bytes, the float16 scale (0.5 = ``00 38``) then
 Encoders round half to even, then clamp; decoders compute in float32 and are
 exact given the bytes. Geometry: ``D % 32 == 0`` and ``P % 4 == 0`` for every
 format.
+
+This module is the one catalogue of the formats: their names in code order
+(:data:`FORMATS`, :data:`FORMAT_CODES`: the codes the backend's compiled page
+kernels switch on), the bytes of a page (:func:`page_nbytes`), the geometry rule
+(:func:`check_geometry`) and format policies (:func:`parse_policy`). The backend's
+``PagedKVCache`` and the ``make_stateful`` pass take them from here.
 """
 from __future__ import annotations
 
 import functools
 import math
 from dataclasses import replace
-from collections.abc import Callable, MutableSequence
+from collections.abc import Callable, MutableSequence, Sequence
 from typing import Any
 
 import ml_dtypes
@@ -75,6 +81,7 @@ __all__ = [
     "CODEBOOK_BLOCK_NAME",
     "CODEBOOK_TABLE",
     "FORMATS",
+    "FORMAT_CODES",
     "FORMAT_OF_STRUCT",
     "PageFormatError",
     "SCALED_CODEBOOK_NAME",
@@ -85,6 +92,7 @@ __all__ = [
     "declare_or_reuse",
     "declare_page_types",
     "declared_elements",
+    "format_code",
     "int2_geometry",
     "page_declaration",
     "decode_page",
@@ -94,10 +102,13 @@ __all__ = [
     "page_logical_type",
     "page_nbytes",
     "page_struct_types",
+    "parse_policy",
     "scaled_codebook_declaration",
 ]
 
 FORMATS: tuple[str, ...] = ("float32", "float16", "int8", "int4", "fp8", "int2", "codebook")
+FORMAT_CODES: dict[str, int] = {name: code for code, name in enumerate(FORMATS)}
+"""Format name -> code; the backend's compiled page kernels number the formats the same way."""
 STRUCT_NAMES: dict[str, str] = {
     "float32": "ONNXFORGE_KV_F32_PAGE",
     "float16": "ONNXFORGE_KV_F16_PAGE",
@@ -126,11 +137,39 @@ class PageFormatError(CodecError):
 
 # -- geometry -----------------------------------------------------------------------------
 
+def format_code(fmt: Any) -> int:
+    """The code of format ``fmt`` (its index in :data:`FORMATS`), else :class:`PageFormatError`."""
+    code = FORMAT_CODES.get(fmt) if isinstance(fmt, str) else None
+    if code is None:
+        raise PageFormatError(f"unknown page format {fmt!r}; the formats are {', '.join(FORMATS)}")
+    return code
+
+
 def check_format(fmt: str) -> str:
     """``fmt`` if it names a page format, else :class:`PageFormatError`."""
-    if fmt not in STRUCT_NAMES:
-        raise PageFormatError(f"unknown page format {fmt!r}; the formats are {', '.join(FORMATS)}")
+    format_code(fmt)
     return fmt
+
+
+def parse_policy(formats: str | Sequence[str], *, fold_case: bool = False) -> tuple[str, ...]:
+    """A format policy, newest page first, the last format repeating for older pages::
+
+        parse_policy("float32, int8,int4")       -> ("float32", "int8", "int4")
+        parse_policy(["INT8"], fold_case=True)    -> ("int8",)
+
+    A string is split at commas; names are stripped (and lower-cased with
+    ``fold_case``). An empty policy, an empty name or an unknown one is a
+    :class:`PageFormatError`.
+    """
+    items = formats.split(",") if isinstance(formats, str) else list(formats)
+    names = tuple((n.strip().lower() if fold_case else n.strip()) if isinstance(n, str) else n
+                  for n in items)
+    if not names or any(isinstance(n, str) and not n for n in names):
+        raise PageFormatError(f"the format policy is empty or has an empty name; give one or more of "
+                              f"{', '.join(FORMATS)}, newest page first")
+    for n in names:
+        format_code(n)
+    return names
 
 
 def check_geometry(H: int, P: int, D: int) -> None:

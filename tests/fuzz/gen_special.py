@@ -342,6 +342,8 @@ def scan(d: Draw) -> Case:
     body = helper.make_graph(
         [helper.make_node("Add", ["s", "xt"], ["s_out"]), helper.make_node("Mul", ["xt", "s"], ["y"])],
         "body", [_vi("s", s0), _vi("xt", s0)], [_vi("s_out", s0), _vi("y", s0)])
+    if 0 in inner:
+        raise Skip("Scan with an empty state: onnxruntime, the second opinion, dies of SIGFPE on it")
     attrs: dict[str, Any] = {"num_scan_inputs": 1, "body": body, "scan_input_axes": [axis]}
     if d.chance(0.4):
         attrs["scan_input_directions"] = [d.int(0, 1)]
@@ -349,9 +351,6 @@ def scan(d: Draw) -> Case:
         attrs["scan_output_directions"] = [d.int(0, 1)]
     if d.chance(0.4):
         attrs["scan_output_axes"] = [d.int(-len(inner) - 1, len(inner))]
-    if t == 0:
-        raise Skip("Scan over a zero-length sequence: both oracles refuse it, the backend computes it "
-                   "(control.py, outside the fuzzed files)")
     return Case("Scan", [("s0", s0), ("xs", xs)], attrs, n_out=2)
 
 

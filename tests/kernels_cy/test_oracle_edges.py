@@ -416,3 +416,35 @@ def test_softmax_family_of_an_empty_tensor(op, opset):
 def test_gelu_of_an_empty_tensor_and_float16_sigmoid_of_a_scalar():
     agrees("Gelu", {"x": np.zeros((2, 0), np.float32)})
     agrees("Sigmoid", {"x": np.array(0.5, np.float16)})
+
+
+def _scan_model(n_inputs: int = 1) -> onnx.ModelProto:
+    """A Scan summing each row into a state and emitting the running sum (scan output)."""
+    vi = helper.make_tensor_value_info
+    body = helper.make_graph(
+        [helper.make_node("Add", ["s"] + [f"x{i}" for i in range(n_inputs)][:1], ["s_out"]),
+         helper.make_node("Identity", ["s_out"], ["y"])],
+        "body", [vi("s", onnx.TensorProto.FLOAT, [3])] + [vi(f"x{i}", onnx.TensorProto.FLOAT, [3])
+                                                         for i in range(n_inputs)],
+        [vi("s_out", onnx.TensorProto.FLOAT, [3]), vi("y", onnx.TensorProto.FLOAT, [3])])
+    xs = [f"xs{i}" for i in range(n_inputs)]
+    node = helper.make_node("Scan", ["s0"] + xs, ["s_last", "ys"], name="n0", num_scan_inputs=n_inputs, body=body)
+    g = helper.make_graph([node], "g", [vi("s0", onnx.TensorProto.FLOAT, [3])]
+                          + [vi(x, onnx.TensorProto.FLOAT, ["t", 3]) for x in xs],
+                          [helper.make_empty_tensor_value_info("s_last"), helper.make_empty_tensor_value_info("ys")])
+    return typed_outputs(helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)], ir_version=10))
+
+
+def test_scan_matches_the_oracles_and_refuses_zero_iterations():
+    s0 = np.arange(3, dtype=np.float32)
+    xs = np.arange(12, dtype=np.float32).reshape(4, 3)
+    model = _scan_model()
+    same(ours(model, {"s0": s0, "xs0": xs}), reference(model, {"s0": s0, "xs0": xs}))
+    empty = np.zeros((0, 3), np.float32)  # no iteration: no shape for the scan output
+    with pytest.raises(KernelError, match="n0.*zero iterations"):
+        ours(model, {"s0": s0, "xs0": empty})
+    with pytest.raises(Exception):  # onnxruntime refuses it too
+        ort(model, {"s0": s0, "xs0": empty})
+    two = _scan_model(2)
+    with pytest.raises(KernelError, match="n0.*must agree"):
+        ours(two, {"s0": s0, "xs0": xs, "xs1": xs[:3]})

@@ -167,7 +167,7 @@ def test_a_state_fed_back_without_an_in_place_rewrite_decodes_like_a_manual_loop
 
 @pytest.mark.slow
 def test_generate_converts_a_torch_decoder_first(decoder_models):
-    from onnxforge.kernels_cy.cli_state import generate
+    from onnxforge.commands.generate import generate
 
     path = decoder_models["torch20"]
     expected, _ = ort_greedy(path, PROMPT, 6)

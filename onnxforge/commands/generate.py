@@ -27,39 +27,15 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+from onnxforge.commands.cache import add_cache_options, cache_options
 from onnxforge.graphbuilder.ir import Model
 from onnxforge.kernels_cy.errors import FeedError, StateError
 
-__all__ = ["SUMMARY", "CacheOptions", "add_cache_options", "add_generate_parser", "cache_options", "generate",
-           "generate_command"]
+__all__ = ["SUMMARY", "add_generate_parser", "generate", "generate_command"]
 
 SUMMARY = "greedily decode tokens through the persistent state (caches updated in place)"
 
 _KNOWN = ("input_ids", "position", "attention_mask", "position_ids")
-
-
-class CacheOptions(dict):
-    """``make_stateful`` keywords from ``--cache``, ``--page-size`` and ``--formats``."""
-
-
-def add_cache_options(p: argparse.ArgumentParser) -> None:
-    """The cache layout options shared by ``stateful`` and ``generate``."""
-    p.add_argument("--cache", choices=("contiguous", "paged"), default="contiguous",
-                   help="contiguous capacity-sized caches (default), or one paged cache per layer")
-    p.add_argument("--page-size", type=int, default=16, metavar="N",
-                   help="tokens per page of a paged cache (a multiple of 4; default 16)")
-    p.add_argument("--formats", default="float32", metavar="F,F,...",
-                   help="page formats from the newest page to older ones, the last repeating, from "
-                        "float32, float16, int8, int4, fp8, int2, codebook (default float32)")
-
-
-def cache_options(args: argparse.Namespace) -> CacheOptions:
-    """The ``make_stateful`` keywords the cache options of ``args`` ask for."""
-    if getattr(args, "cache", "contiguous") != "paged":
-        if getattr(args, "formats", "float32") != "float32" or getattr(args, "page_size", 16) != 16:
-            raise FeedError("--page-size and --formats apply to --cache paged")
-        return CacheOptions()
-    return CacheOptions(cache="paged", page_size=int(args.page_size), formats=str(args.formats))
 
 
 def add_generate_parser(subparsers: Any, **parser_kwargs: Any) -> argparse.ArgumentParser:

@@ -1,4 +1,4 @@
-"""``onnxforge run``: the command function and its parser (kernels_cy/cli_run.py)."""
+"""``onnxforge run``: the command function and its parser (onnxforge/commands/run.py)."""
 from __future__ import annotations
 
 import argparse
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from onnx import helper
 
-from onnxforge.kernels_cy.cli_run import add_run_parser, run_command
+from onnxforge.commands.run import add_run_parser, run_command
 from onnxforge.kernels_cy.errors import FeedError
 from tests.kernels_cy.helpers import F, onnx_model, tensor
 

@@ -1,4 +1,4 @@
-"""The ``generate`` command functions (kernels_cy/cli_state.py) on stateful decoders."""
+"""The ``generate`` command functions (onnxforge/commands/generate.py) on stateful decoders."""
 from __future__ import annotations
 
 import argparse
@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from onnxforge.kernels_cy.cli_state import add_generate_parser
+from onnxforge.commands.generate import add_generate_parser
 from onnxforge.kernels_cy.errors import FeedError
 from onnxforge.kernels_cy.state import make_state
 from onnxforge.samples import build_builtin
