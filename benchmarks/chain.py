@@ -15,8 +15,8 @@ import sys
 import numpy as np
 from onnx import TensorProto
 
-from onnxforge.graphbuilder.ir import Attr, AttrType, Graph, Model, Node, Value
-from onnxforge.graphbuilder.tensors import Tensor
+from onnxforge.graphbuilder.ir.core import Attr, AttrType, Graph, Model, Node, Value
+from onnxforge.graphbuilder.ir.tensors import Tensor
 from onnxforge.proto_ext.types import TensorType
 
 __all__ = ["WIDTH", "build_chain", "chain_values"]

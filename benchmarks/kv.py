@@ -79,8 +79,8 @@ def _update_models(cap: int) -> tuple[Any, Any]:
     """(in place, concat): 2 * LAYERS caches [1, KV, cap | ctx, HEAD] and one new token."""
     from onnx import TensorProto
 
-    from onnxforge.graphbuilder.builder import GraphBuilder
-    from onnxforge.graphbuilder.ir import READ_WRITE
+    from onnxforge.graphbuilder.builder.graph_builder import GraphBuilder
+    from onnxforge.graphbuilder.ir.core import READ_WRITE
 
     f, i64 = TensorProto.FLOAT, TensorProto.INT64
     g = GraphBuilder(opset=23)
@@ -226,7 +226,7 @@ def bench_step(path: Path, contexts: list[int], genai_contexts: set[int], thread
     import onnxforge as of
     from decode import BLOCKS
     from onnxforge.kernels_cy.state import make_state
-    from onnxforge.passes.stateful import make_stateful
+    from onnxforge.passes.stateful.convert import make_stateful
 
     info = load_io_info(path)
     stateful = make_stateful(str(path), max_length=POSITIONS, batch=1)
@@ -295,7 +295,7 @@ def rss_child(path: Path, ctx: int, threads: int) -> None:
     """Run in a subprocess: load, hold one state, prefill and decode a few steps, print JSON."""
     import onnxforge  # noqa: F401  (imported before the baseline)
     from onnxforge.kernels_cy.state import make_state
-    from onnxforge.passes.stateful import make_stateful
+    from onnxforge.passes.stateful.convert import make_stateful
 
     base = _status_bytes("VmRSS")
     stateful = make_stateful(str(path), max_length=POSITIONS, batch=1)

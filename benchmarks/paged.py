@@ -121,7 +121,7 @@ def _streamed(n: int, k: np.ndarray, v: np.ndarray, q: np.ndarray, pages: tuple[
 def _decode_table(variant: str, prompt_len: int, steps: int, threads: int, repeat: int) -> None:
     """Per-token decode latency: contiguous in-place caches vs paged caches per policy."""
     from onnxforge.kernels_cy.state import make_state
-    from onnxforge.passes.stateful import make_stateful
+    from onnxforge.passes.stateful.convert import make_stateful
 
     from tests.fixtures.decoders import build_all
 

@@ -24,16 +24,16 @@ from typing import Any
 
 import numpy as np
 
-from onnxforge.graphbuilder.ir import AttrType, Function, Graph, Model, Node, Value
-from onnxforge.graphbuilder.scope_order import CycleError, captured_values
-from onnxforge.graphbuilder.storage import Storage
-from onnxforge.graphbuilder.tensors import EncodedTensor, Tensor
+from onnxforge.graphbuilder.ir.core import AttrType, Function, Graph, Model, Node, Value
+from onnxforge.graphbuilder.ir.scope_order import CycleError, captured_values
+from onnxforge.graphbuilder.ir.storage import Storage
+from onnxforge.graphbuilder.ir.tensors import EncodedTensor, Tensor
 from onnxforge.kernels_cy.errors import BackendError, UnsupportedOperatorError
 from onnxforge.kernels_cy.fused import Fused, SwiGLU, find_swiglu
 from onnxforge.kernels_cy.ops.base import REGISTRY, Kernel, NodeSpec, norm_domain
 from onnxforge.kernels_cy.plan import Program
 from onnxforge.kernels_cy.runctx import RunContext
-from onnxforge.passes.topo import schedule as topo_schedule
+from onnxforge.passes.rewrites.topo import schedule as topo_schedule
 from onnxforge.proto_ext.errors import OnnxforgeError
 from onnxforge.proto_ext.types import TensorType
 
@@ -282,7 +282,7 @@ class Compiler:
         """Release lists from ``passes.liveness`` when its schedule (the body's order) is
         the plan's; None otherwise. A folded node's releases move to the next step."""
         try:
-            from onnxforge.passes.liveness import liveness
+            from onnxforge.passes.analyses.liveness import liveness
         except ImportError:
             return None
         if len(order) != len(body) or any(a is not b for a, b in zip(order, body)):

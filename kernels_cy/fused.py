@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from onnxforge.graphbuilder.ir import Node, Value
+from onnxforge.graphbuilder.ir.core import Node, Value
 from onnxforge.kernels_cy.ops import fast
 from onnxforge.kernels_cy.ops.base import Kernel, norm_domain
 

@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from onnxforge.graphbuilder.ir import READ_WRITE, Model, Value
+from onnxforge.graphbuilder.ir.core import READ_WRITE, Model, Value
 from onnxforge.kernels_cy.compile import compile_model
 from onnxforge.kernels_cy.errors import BackendError, FeedError
 from onnxforge.kernels_cy.ops import fast
@@ -157,7 +157,7 @@ class InferenceSession:
         self.threads = threads
         effects = None
         try:
-            from onnxforge.passes.effects import effect_analysis
+            from onnxforge.passes.analyses.effects import effect_analysis
 
             effects = effect_analysis(self.model)
         except (OnnxforgeError, ValueError):  # a model the analysis refuses: plan without it

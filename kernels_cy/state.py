@@ -67,7 +67,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 import numpy as np
-from onnxforge.graphbuilder.ir import READ_WRITE, Model, Value
+from onnxforge.graphbuilder.ir.core import READ_WRITE, Model, Value
 from onnxforge.kernels_cy.errors import (
     StateAliasError,
     StateBusyError,

@@ -64,7 +64,7 @@ from dataclasses import dataclass
 from typing import IO, Any, cast
 
 import numpy as np
-from onnxforge.graphbuilder.ir import Model
+from onnxforge.graphbuilder.ir.core import Model
 from onnxforge.kernels_cy.errors import BackendError, StateError, StateFileError
 from onnxforge.kernels_cy.session import Length
 

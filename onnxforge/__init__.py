@@ -53,15 +53,15 @@ _EXPORTS: dict[str, str] = {
     "to_standard_onnx": "onnxforge.api",
     "verify": "onnxforge.api",
     # authoring
-    "GraphBuilder": "onnxforge.graphbuilder.builder",
-    "MUST_ALIAS": "onnxforge.graphbuilder.ir",
-    "READ_ONLY": "onnxforge.graphbuilder.ir",
-    "READ_WRITE": "onnxforge.graphbuilder.ir",
+    "GraphBuilder": "onnxforge.graphbuilder.builder.graph_builder",
+    "MUST_ALIAS": "onnxforge.graphbuilder.ir.core",
+    "READ_ONLY": "onnxforge.graphbuilder.ir.core",
+    "READ_WRITE": "onnxforge.graphbuilder.ir.core",
     # running on the CPU backend
     "InferenceSession": "onnxforge.kernels_cy.session",
     "backend_ops": "onnxforge.kernels_cy.session",
     "make_state": "onnxforge.kernels_cy.state",
-    "make_stateful": "onnxforge.passes.stateful",
+    "make_stateful": "onnxforge.passes.stateful.convert",
 }
 
 # Subpackages reachable as attributes (``of.passes.optimize``) once asked for.
@@ -78,15 +78,15 @@ if TYPE_CHECKING:
     from onnxforge.api import save as save
     from onnxforge.api import to_standard_onnx as to_standard_onnx
     from onnxforge.api import verify as verify
-    from onnxforge.graphbuilder.builder import GraphBuilder as GraphBuilder
-    from onnxforge.graphbuilder.ir import MUST_ALIAS as MUST_ALIAS
-    from onnxforge.graphbuilder.ir import READ_ONLY as READ_ONLY
-    from onnxforge.graphbuilder.ir import READ_WRITE as READ_WRITE
+    from onnxforge.graphbuilder.builder.graph_builder import GraphBuilder as GraphBuilder
+    from onnxforge.graphbuilder.ir.core import MUST_ALIAS as MUST_ALIAS
+    from onnxforge.graphbuilder.ir.core import READ_ONLY as READ_ONLY
+    from onnxforge.graphbuilder.ir.core import READ_WRITE as READ_WRITE
     from onnxforge.kernels_cy.errors import StateFileError as StateFileError
     from onnxforge.kernels_cy.session import InferenceSession as InferenceSession
     from onnxforge.kernels_cy.session import backend_ops as backend_ops
     from onnxforge.kernels_cy.state import make_state as make_state
-    from onnxforge.passes.stateful import make_stateful as make_stateful
+    from onnxforge.passes.stateful.convert import make_stateful as make_stateful
     from onnxforge.proto_ext.errors import CodecError as CodecError
     from onnxforge.proto_ext.errors import ExportError as ExportError
     from onnxforge.proto_ext.errors import ExternalDataError as ExternalDataError

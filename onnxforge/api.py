@@ -13,13 +13,13 @@ __all__ = ["decode_value", "verify", "check", "load", "load_verified", "save", "
            "infer_shapes", "optimize"]
 
 def _is_ir(model: Any) -> bool:
-    from onnxforge.graphbuilder.ir import Model
+    from onnxforge.graphbuilder.ir.core import Model
 
     return isinstance(model, Model)
 
 
 def load(source: Any, *, model_dir: str | None = None):
-    """An IR :class:`~onnxforge.graphbuilder.ir.Model` from a path, bytes or ModelProto
+    """An IR :class:`~onnxforge.graphbuilder.ir.core.Model` from a path, bytes or ModelProto
     (an IR model is returned as it is).
 
     Payloads are memory-mapped, never copied; external data is resolved against the
@@ -99,8 +99,8 @@ def optimize(model: Any, passes: Any = None, *, debug: bool = False, opset: int 
 
     ``model`` is verified first: one that breaks a static rule raises
     :class:`onnxforge.VerificationError` and is never rewritten."""
-    from onnxforge.passes.manager import collector_paused
-    from onnxforge.passes.pipeline import optimize as _optimize
+    from onnxforge.passes.framework.pass_manager import collector_paused
+    from onnxforge.passes.framework.pipeline import optimize as _optimize
 
     with collector_paused():  # verification builds many small objects too (see the passes')
         return _optimize(load_verified(model), passes=passes, debug=debug, opset=opset)
@@ -108,7 +108,7 @@ def optimize(model: Any, passes: Any = None, *, debug: bool = False, opset: int 
 
 def infer_shapes(model: Any, *, strict: bool = False):
     """Run ShapesContext over the whole model; returns the context (types written to the IR)."""
-    from onnxforge.graphbuilder.shapes import ShapesContext
+    from onnxforge.graphbuilder.shapes.context import ShapesContext
 
     m = load(model)
     ctx = ShapesContext(m, strict=strict)
@@ -131,7 +131,7 @@ def _find_encoded_proto(graph: Any, name: str) -> Any | None:
 
 
 def _decode_ir(model: Any, name: str) -> np.ndarray | dict[str, np.ndarray]:
-    from onnxforge.graphbuilder.tensors import EncodedTensor
+    from onnxforge.graphbuilder.ir.tensors import EncodedTensor
     from onnxforge.proto_ext.catalogue import Catalogue
     from onnxforge.proto_ext.codecs.decode import decode_encoded
 

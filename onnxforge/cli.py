@@ -155,8 +155,8 @@ def _pass_names(spec: str | None) -> list[str] | None:
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
-    from onnxforge.graphbuilder.shapes import ShapesContext
-    from onnxforge.graphbuilder.view import model_view
+    from onnxforge.graphbuilder.shapes.context import ShapesContext
+    from onnxforge.graphbuilder.ir.view import model_view
     from onnxforge.report import format_type, render_text, summarize
 
     from onnxforge.progress import is_large, stages
@@ -220,7 +220,7 @@ def _cmd_optimize(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from onnxforge.api import save
-    from onnxforge.passes.pipeline import default_pass_manager, pipeline_for_opset
+    from onnxforge.passes.framework.pipeline import default_pass_manager, pipeline_for_opset
 
     output = _output_file(args.output)
     _refuse_clobbering(args.model, output)
@@ -436,7 +436,7 @@ def _bind_pairs(specs: list[str] | None) -> dict[str, str] | None:
 
 def _cmd_stateful(args: argparse.Namespace) -> int:
     from onnxforge.api import save
-    from onnxforge.passes.stateful import make_stateful, read_genai_config
+    from onnxforge.passes.stateful.convert import make_stateful, read_genai_config
 
     output = _output_file(args.output)
     _refuse_clobbering(args.model, output)

@@ -61,7 +61,7 @@ def _int4_block_records(w: np.ndarray) -> tuple[bytes, np.ndarray]:
 
 def build_decoder(cfg: DecoderConfig = DecoderConfig()):
     """The built-in stateful decoder as an IR ``Model``."""
-    from onnxforge.graphbuilder.builder import READ_WRITE, GraphBuilder, tensor_type
+    from onnxforge.graphbuilder.builder.graph_builder import READ_WRITE, GraphBuilder, tensor_type
 
     rng = np.random.default_rng(cfg.seed)
 
@@ -163,7 +163,7 @@ def _int4_array_type(n: int):
 def build_rnn(hidden: int = 8, features: int = 4, seed: int = 0):
     """A stateless recurrent cell as an IR ``Model``: ``stateN = Tanh(x Wx + state Wh)``,
     ``y = stateN Wy``; the caller feeds ``stateN`` back as ``state`` (no bindings declared)."""
-    from onnxforge.graphbuilder.builder import GraphBuilder
+    from onnxforge.graphbuilder.builder.graph_builder import GraphBuilder
 
     rng = np.random.default_rng(seed)
     g = GraphBuilder(opset=23, name="onnxforge_rnn")
@@ -240,7 +240,7 @@ def run_demo(output_dir: str, out=sys.stdout, steps: int = 24) -> int:
 
     import onnxforge as of
     from onnxforge.graphbuilder import serde
-    from onnxforge.graphbuilder.view import model_view
+    from onnxforge.graphbuilder.ir.view import model_view
     from onnxforge.report import render_text, summarize
 
     os.makedirs(output_dir, exist_ok=True)

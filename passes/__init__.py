@@ -1,15 +1,17 @@
 """passes layer: analyses and rewrites over the IR (see DESIGN.md).
 
-Pass framework (:mod:`.manager`), invariants and side-effect analysis
-(:mod:`.invariants`), analyses as cached typed results (:mod:`.analysis`:
-shapes, aliases and effects in :mod:`.analyses`, :mod:`.liveness`,
-:mod:`.memplan`), and the passes that lose nothing: dead-code elimination,
-common-subexpression elimination, initializer deduplication, identity
-elimination, topological sort, constant folding, local-function inlining,
-value renaming and declarative rewrite rules. ``optimize(model)`` runs the
-default pipeline. Helpers the passes and the export share: :mod:`.domains`
-(the default domain's two spellings, the opset imports in force in a graph) and
-:mod:`.records` (attributes from Python values, tensor records).
+Four sub-packages, each a subject: :mod:`.framework` (the pass contract and
+manager, the analysis contract and its caching manager, the invariants checked
+between passes, the default pipeline, and the helpers the passes and the export
+share: domains and IR records), :mod:`.analyses` (shapes, aliases, effects,
+liveness, the memory plan, the types a graph states, the constants failing
+branches imply), :mod:`.rewrites` (the passes that lose nothing: dead-code
+elimination, common-subexpression elimination, initializer deduplication,
+identity elimination, topological sort, constant and shape folding, inlining,
+value renaming, fusions and the declarative rewrite engine with its rule tables)
+and :mod:`.stateful` (``make_stateful``); :mod:`.export` lowers to standard ONNX.
+``optimize(model)`` runs the default pipeline. This package re-exports the
+names below; everything else is imported from its module.
 """
 from __future__ import annotations
 
@@ -19,16 +21,10 @@ if __name__ != "onnxforge.passes":  # the folder imported under its bare name
         "instead, after `pip install -e .` at the repository root"
     )
 
-from onnxforge.passes.analyses import (
-    AliasAnalysis,
-    AliasAnalysisPass,
-    AliasRoots,
-    EffectsAnalysis,
-    ShapeInferencePass,
-    ShapesAnalysis,
-    alias_roots,
-)
-from onnxforge.passes.analysis import (
+from onnxforge.passes.analyses.aliases import AliasAnalysis, AliasAnalysisPass, AliasRoots, alias_roots
+from onnxforge.passes.analyses.effects import EffectsAnalysis
+from onnxforge.passes.analyses.shapes import ShapeInferencePass, ShapesAnalysis
+from onnxforge.passes.framework.analysis_manager import (
     ALL,
     Analysis,
     AnalysisError,
@@ -37,29 +33,29 @@ from onnxforge.passes.analysis import (
     list_analyses,
     register_analysis,
 )
-from onnxforge.passes.liveness import Liveness, LivenessAnalysis, ModelLiveness, liveness
-from onnxforge.passes.memplan import MemoryPlan, MemoryPlanAnalysis, memory_plan
-from onnxforge.passes.cse import (
+from onnxforge.passes.analyses.liveness import Liveness, LivenessAnalysis, ModelLiveness, liveness
+from onnxforge.passes.analyses.memplan import MemoryPlan, MemoryPlanAnalysis, memory_plan
+from onnxforge.passes.rewrites.cse import (
     CommonSubexpressionEliminationPass,
     eliminate_common_subexpressions,
 )
-from onnxforge.passes.dce import DeadCodeEliminationPass, eliminate_dead_code
-from onnxforge.passes.dedup import DeduplicateInitializersPass, deduplicate_initializers
-from onnxforge.passes.fold import (
+from onnxforge.passes.rewrites.dce import DeadCodeEliminationPass, eliminate_dead_code
+from onnxforge.passes.rewrites.dedup import DeduplicateInitializersPass, deduplicate_initializers
+from onnxforge.passes.rewrites.fold import (
     ConstantFoldingPass,
     LiftConstantsPass,
     fold_constants,
     lift_constants,
 )
-from onnxforge.passes.identity import IdentityEliminationPass, eliminate_identities
-from onnxforge.passes.inline import InlineError, InlinePass, inline_functions
-from onnxforge.passes.effects import Effects, effect_analysis
-from onnxforge.passes.invariants import (
+from onnxforge.passes.rewrites.identity import IdentityEliminationPass, eliminate_identities
+from onnxforge.passes.rewrites.inline import InlineError, InlinePass, inline_functions
+from onnxforge.passes.analyses.effects import Effects, effect_analysis
+from onnxforge.passes.framework.invariants import (
     InvariantError,
     check_invariants,
     ir_violations,
 )
-from onnxforge.passes.manager import (
+from onnxforge.passes.framework.pass_manager import (
     Pass,
     PassError,
     PassManager,
@@ -71,37 +67,23 @@ from onnxforge.passes.manager import (
     list_passes,
     register_pass,
 )
-from onnxforge.passes.pipeline import DEFAULT_PIPELINE, default_pass_manager, optimize
-from onnxforge.passes.rename import (
+from onnxforge.passes.framework.pipeline import DEFAULT_PIPELINE, default_pass_manager, optimize
+from onnxforge.passes.rewrites.rename import (
     NameScope,
     RenameError,
     RenamePass,
     rename_value,
     replace_value,
 )
-from onnxforge.passes.rewrite import (
-    DEFAULT_RULES,
-    Capture,
-    Const,
-    Match,
-    Pattern,
-    RewriteError,
-    RewritePass,
-    Rule,
-    RuleTable,
-    apply_rules,
-)
-from onnxforge.passes.topo import CycleError, TopologicalSortPass, topological_sort
-from onnxforge.passes.shape_fold import ShapeFoldPass, fold_shapes
-from onnxforge.passes.if_inline import IfInlineError, IfInlinePass, inline_constant_ifs
-from onnxforge.passes.fusion import (
-    FUSION_RULES,
-    FusionPass,
-    SliceSplitPass,
-    fuse,
-    merge_complementary_slices,
-)
-from onnxforge.passes.opset23 import OPSET23_RULES, Opset23FusionPass, fuse_to_opset23
+from onnxforge.passes.rewrites.default_rules import DEFAULT_RULES
+from onnxforge.passes.rewrites.engine import RewritePass, apply_rules
+from onnxforge.passes.rewrites.patterns import Capture, Const, Match, Pattern, RewriteError, Rule, RuleTable
+from onnxforge.passes.rewrites.topo import CycleError, TopologicalSortPass, topological_sort
+from onnxforge.passes.rewrites.shape_fold import ShapeFoldPass, fold_shapes
+from onnxforge.passes.rewrites.if_inline import IfInlineError, IfInlinePass, inline_constant_ifs
+from onnxforge.passes.rewrites.fusion import FUSION_RULES, FusionPass, fuse
+from onnxforge.passes.rewrites.slice_split import SliceSplitPass, merge_complementary_slices
+from onnxforge.passes.rewrites.opset23 import OPSET23_RULES, Opset23FusionPass, fuse_to_opset23
 
 __all__ = [
     "ALL",

@@ -1,7 +1,7 @@
 """Alias resolution over the read-only model view, defined once.
 
 Every consumer of alias facts reads them from here: the static rules L1-L13
-(``proto_ext.verify``), the IR (``graphbuilder.storage``), the passes and the
+(``proto_ext.verify``), the IR (``graphbuilder.ir.storage``), the passes and the
 backend. The resolution works on the narrow view of ``proto_ext.view`` that
 both an extended ``ModelProto`` and the IR provide.
 

@@ -353,7 +353,7 @@ def _ir_tensor(t: Any, out: TensorProto) -> None:
 
 
 def _ir_attribute(a: Any, out: AttributeProto) -> None:
-    """An IR attribute (``graphbuilder.ir.Attr``: name, type code, value) into ``out``."""
+    """An IR attribute (``graphbuilder.ir.core.Attr``: name, type code, value) into ``out``."""
     out.name, out.type = a.name, a.type
     if a.ref_attr_name:
         out.ref_attr_name = a.ref_attr_name

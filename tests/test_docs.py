@@ -57,8 +57,9 @@ def test_api_page_documents_the_public_names(built: Path) -> None:
                    "onnxforge.make_stateful", "onnxforge.make_state", "onnxforge.InferenceSession",
                    "onnxforge.InferenceSession.run", "onnxforge.GraphBuilder",
                    "onnxforge.VerificationError", "onnxforge.OnnxforgeError",
-                   "onnxforge.passes.manager.PassManager", "onnxforge.passes.manager.Pass",
-                   "onnxforge.passes.rewrite.Rule", "onnxforge.passes.rewrite.Pattern",
+                   "onnxforge.passes.framework.pass_manager.PassManager",
+                   "onnxforge.passes.framework.pass_manager.Pass",
+                   "onnxforge.passes.rewrites.patterns.Rule", "onnxforge.passes.rewrites.patterns.Pattern",
                    "onnxforge.kernels_cy.ops.base.Kernel", "onnxforge.kernels_cy.ops.base.NodeSpec",
                    "onnxforge.kernels_cy.state.State"):
         assert f'id="{anchor}"' in raw, anchor

@@ -84,7 +84,7 @@ def test_the_package_type_checks():
     assert importlib.util.find_spec("mypy") is not None, (
         "mypy is not installed: run `pip install -e \".[test]\"` at the repository root")
     done = run_mypy()
-    # a path onnxforge/passes/fold.py in the report is the folder passes/fold.py
+    # a path onnxforge/passes/rewrites/fold.py in the report is the folder passes/rewrites/fold.py
     assert done.returncode == 0, f"mypy reports:\n{done.stdout}{done.stderr}"
 
 

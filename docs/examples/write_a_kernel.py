@@ -10,7 +10,7 @@ import numpy as np
 from onnx import TensorProto
 
 import onnxforge as of
-from onnxforge.graphbuilder.builder import tensor_type
+from onnxforge.graphbuilder.builder.graph_builder import tensor_type
 from onnxforge.kernels_cy.ops.base import Kernel, NodeSpec, register
 
 

@@ -11,7 +11,7 @@ from onnx import TensorProto
 from onnx.reference import ReferenceEvaluator
 
 from onnxforge import GraphBuilder
-from onnxforge.graphbuilder.ir import Model, Node
+from onnxforge.graphbuilder.ir.core import Model, Node
 from onnxforge.graphbuilder.serde import to_onnx
 from onnxforge.passes import (
     DEFAULT_RULES,
@@ -25,9 +25,9 @@ from onnxforge.passes import (
     register_pass,
     replace_value,
 )
-from onnxforge.passes.domains import is_default_domain
-from onnxforge.passes.invariants import containers, is_nondeterministic
-from onnxforge.passes.rename import erase_node
+from onnxforge.passes.framework.domains import is_default_domain
+from onnxforge.passes.framework.invariants import containers, is_nondeterministic
+from onnxforge.passes.rewrites.rename import erase_node
 
 # -- a rewrite rule: a pattern and the function that builds its replacement ------------
 

@@ -19,7 +19,7 @@ external file when asked.
 Nothing is dropped: fields the IR does not model (unknown fields, training
 info, device configurations...) travel in the ``extra`` bytes of the IR object
 that owns them and are written back, so ``save(load(m))`` equals ``m`` up to
-what :mod:`onnxforge.graphbuilder.canonical` normalizes (value_info order,
+what :mod:`onnxforge.graphbuilder.serde.canonical` normalizes (value_info order,
 external-vs-inline storage, map order).
 
 Example::
@@ -44,7 +44,7 @@ from typing import IO, Any, Union
 import onnx
 
 from onnxforge.proto_ext.errors import WireError
-from onnxforge.graphbuilder.ir import Model
+from onnxforge.graphbuilder.ir.core import Model
 from onnxforge.graphbuilder.serde._decode import Decoder
 from onnxforge.graphbuilder.serde._encode import Encoder, PayloadPlan
 from onnxforge.proto_ext import schema

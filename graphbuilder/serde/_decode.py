@@ -1,4 +1,4 @@
-"""Extended ``ModelProto`` -> IR (:class:`~onnxforge.graphbuilder.ir.Model`).
+"""Extended ``ModelProto`` -> IR (:class:`~onnxforge.graphbuilder.ir.core.Model`).
 
 One :class:`Decoder` converts one model. Names become Values through scopes:
 a graph's scope holds its inputs, initializers and node outputs, and a
@@ -21,10 +21,10 @@ from typing import Any
 from onnx import AttributeProto as _AP
 
 from onnxforge.proto_ext.errors import VerificationError, Violation
-from onnxforge.graphbuilder.ir import Alias, Attr, Function, Graph, Model, Node, Value
+from onnxforge.graphbuilder.ir.core import Alias, Attr, Function, Graph, Model, Node, Value
 from onnxforge.graphbuilder.serde import _common as C
 from onnxforge.graphbuilder.serde._tensors import TensorDecoder, Where
-from onnxforge.graphbuilder.tensors import EncodedTensor, Tensor
+from onnxforge.graphbuilder.ir.tensors import EncodedTensor, Tensor
 from onnxforge.proto_ext import schema
 from onnxforge.proto_ext.convert import struct_from_proto, struct_to_proto, type_from_proto, type_to_proto
 from onnxforge.proto_ext.external import ExternalDataCache

@@ -1,4 +1,4 @@
-"""IR (:class:`~onnxforge.graphbuilder.ir.Model`) -> extended ``ModelProto``.
+"""IR (:class:`~onnxforge.graphbuilder.ir.core.Model`) -> extended ``ModelProto``.
 
 Where each payload goes is decided by a :class:`PayloadPlan`: inline in the
 message, left out of the message and streamed by
@@ -20,10 +20,10 @@ from onnx import AttributeProto as _AP
 from onnx import TensorProto
 
 from onnxforge.proto_ext.errors import CodecError, ExternalDataError
-from onnxforge.graphbuilder.ir import Alias, Attr, Function, Graph, Model, Node, Value
+from onnxforge.graphbuilder.ir.core import Alias, Attr, Function, Graph, Model, Node, Value
 from onnxforge.graphbuilder.serde import _common as C
-from onnxforge.graphbuilder.tensors import EncodedTensor, Tensor
-from onnxforge.graphbuilder.view import plain_type
+from onnxforge.graphbuilder.ir.tensors import EncodedTensor, Tensor
+from onnxforge.graphbuilder.ir.view import plain_type
 from onnxforge.proto_ext import schema
 from onnxforge.proto_ext.convert import (
     encoded_from_proto,

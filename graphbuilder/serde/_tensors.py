@@ -15,7 +15,7 @@ from typing import Any
 
 from onnxforge.proto_ext.errors import ExternalDataError
 from onnxforge.graphbuilder.serde import _common as C
-from onnxforge.graphbuilder.tensors import EncodedTensor, Tensor
+from onnxforge.graphbuilder.ir.tensors import EncodedTensor, Tensor
 from onnxforge.proto_ext import schema
 from onnxforge.proto_ext.convert import encoded_from_proto, encoded_to_proto
 from onnxforge.proto_ext.external import ExternalDataCache, ExternalRef, parse_external_entries

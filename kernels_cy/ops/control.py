@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from onnxforge.graphbuilder.ir import Function, Graph, Node
+from onnxforge.graphbuilder.ir.core import Function, Graph, Node
 from onnxforge.kernels_cy.ops.base import Kernel, NodeSpec, register
 
 __all__ = ["FunctionCall"]

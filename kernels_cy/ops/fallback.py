@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from onnxforge.graphbuilder.ir import Attr, Graph, Model, Node, Value
+from onnxforge.graphbuilder.ir.core import Attr, Graph, Model, Node, Value
 from onnxforge.kernels_cy.ops.base import Kernel, NodeSpec
 from onnxforge.proto_ext.dtypes import onnx_dtype
 from onnxforge.proto_ext.types import TensorType

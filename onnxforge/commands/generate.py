@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 from onnxforge.commands.cache import add_cache_options, cache_options
-from onnxforge.graphbuilder.ir import Model
+from onnxforge.graphbuilder.ir.core import Model
 from onnxforge.kernels_cy.errors import FeedError, StateError
 
 __all__ = ["SUMMARY", "add_generate_parser", "generate", "generate_command"]
@@ -77,7 +77,7 @@ def _stateful(model: Model, capacity: int, options: dict[str, Any] | None = None
     """``model`` itself when it declares bindings, else its stateful rewrite (with the
     ``genai_config.json`` of the model's folder, when it has one); ``options``: ``cache``,
     ``page_size`` and ``formats`` of ``make_stateful``."""
-    from onnxforge.passes.stateful import make_stateful
+    from onnxforge.passes.stateful.convert import make_stateful
 
     options = dict(options or {})
     if model.graph.bindings:
@@ -138,7 +138,7 @@ def generate(model: Model | str, prompt: list[int], new: int, *, threads: int | 
     report adds ``clamped`` (``{"asked", "new", "context", "source"}``). A prompt
     longer than the context raises :class:`FeedError`."""
     from onnxforge.kernels_cy.state import make_state
-    from onnxforge.passes.stateful import read_genai_config
+    from onnxforge.passes.stateful.convert import read_genai_config
 
     if new < 1:
         raise FeedError(f"--new must be a positive int, got {new!r}")

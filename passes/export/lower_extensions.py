@@ -47,13 +47,13 @@ import numpy as np
 from onnx import TensorProto
 
 from onnxforge.proto_ext.errors import OnnxforgeError, VerificationError
-from onnxforge.graphbuilder.ir import READ_ONLY, Graph, Model, Node, Value
-from onnxforge.graphbuilder.names import NameScope
-from onnxforge.graphbuilder.opschemas import ONNXFORGE_DOMAIN
-from onnxforge.graphbuilder.tensors import EncodedTensor, Tensor, np_dtype, onnx_dtype
-from onnxforge.passes.domains import is_default_domain
-from onnxforge.passes.invariants import containers
-from onnxforge.passes.records import make_attrs
+from onnxforge.graphbuilder.ir.core import READ_ONLY, Graph, Model, Node, Value
+from onnxforge.graphbuilder.ir.names import NameScope
+from onnxforge.graphbuilder.builder.opschemas import ONNXFORGE_DOMAIN
+from onnxforge.graphbuilder.ir.tensors import EncodedTensor, Tensor, np_dtype, onnx_dtype
+from onnxforge.passes.framework.domains import is_default_domain
+from onnxforge.passes.framework.invariants import containers
+from onnxforge.passes.framework.records import make_attrs
 from onnxforge.proto_ext.catalogue import Catalogue
 from onnxforge.proto_ext.types import EncodedValue, StructType, TensorType, Type
 

@@ -47,8 +47,8 @@ from typing import Any
 import numpy as np
 from onnx import TensorProto
 
-from onnxforge.graphbuilder.ir import Graph, Node, Value
-from onnxforge.graphbuilder.tensors import Tensor
+from onnxforge.graphbuilder.ir.core import Graph, Node, Value
+from onnxforge.graphbuilder.ir.tensors import Tensor
 from onnxforge.passes.export.lower_extensions import (
     LowerContext,
     NodeLowering,

@@ -25,8 +25,8 @@ import onnx
 import onnx.version_converter
 
 from onnxforge.proto_ext.errors import ExportError
-from onnxforge.graphbuilder.ir import Model
-from onnxforge.passes.domains import imported_version, is_default_domain
+from onnxforge.graphbuilder.ir.core import Model
+from onnxforge.passes.framework.domains import imported_version, is_default_domain
 from onnxforge.passes.export.lower_extensions import NEW_NODE
 
 __all__ = [

@@ -105,7 +105,7 @@ class SidecarResult:
 def _model_facts(model: Any) -> tuple[set[str], set[str], bool]:
     """``(input names, output names, shares past/present buffers)`` of an IR model, a
     ModelProto or a model file."""
-    from onnxforge.graphbuilder.ir import Model
+    from onnxforge.graphbuilder.ir.core import Model
 
     if isinstance(model, Model):
         g = model.graph

@@ -51,9 +51,9 @@ import onnx.shape_inference
 import onnx.version_converter
 
 from onnxforge.proto_ext.errors import ExportError, OnnxforgeError
-from onnxforge.graphbuilder.ir import READ_ONLY, Graph, Model, Node, Value
-from onnxforge.graphbuilder.opschemas import get_schema
-from onnxforge.passes.domains import canonical_domain, imported_version, is_default_domain
+from onnxforge.graphbuilder.ir.core import READ_ONLY, Graph, Model, Node, Value
+from onnxforge.graphbuilder.builder.opschemas import get_schema
+from onnxforge.passes.framework.domains import canonical_domain, imported_version, is_default_domain
 from onnxforge.passes.export.lower_extensions import (
     DECODER_DOMAIN,
     EXTENSION_NODE_LOWERINGS,
@@ -543,7 +543,7 @@ def to_standard_onnx(model: Any, *, target_opset: int | None = None,
             its path, or the checker's complaint about the result.
     """
     from onnxforge.graphbuilder import serde
-    from onnxforge.passes.dce import eliminate_dead_code
+    from onnxforge.passes.rewrites.dce import eliminate_dead_code
 
     newest = onnx.defs.onnx_opset_version()
     if target_opset is not None and (isinstance(target_opset, bool) or not isinstance(target_opset, int)

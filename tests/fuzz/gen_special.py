@@ -235,8 +235,8 @@ def cache_update(d: Draw) -> Case:
         return [out]
 
     def build(case: Case) -> Any:
-        from onnxforge.graphbuilder.builder import GraphBuilder
-        from onnxforge.graphbuilder.ir import READ_WRITE
+        from onnxforge.graphbuilder.builder.graph_builder import GraphBuilder
+        from onnxforge.graphbuilder.ir.core import READ_WRITE
 
         g = GraphBuilder(opset=23)
         et = onnx_type(cache)

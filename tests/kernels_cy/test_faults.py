@@ -15,7 +15,7 @@ from onnxforge.kernels_cy.errors import StateInitError
 from onnxforge.kernels_cy.paged import PagedKVCache
 from onnxforge.kernels_cy.session import InferenceSession
 from onnxforge.kernels_cy.state import make_state
-from onnxforge.passes.stateful import make_stateful
+from onnxforge.passes.stateful.convert import make_stateful
 
 PAGE = 16
 CAPACITY = 64

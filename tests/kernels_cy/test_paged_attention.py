@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from onnx import TensorProto
 
-from onnxforge.graphbuilder.builder import GraphBuilder
-from onnxforge.graphbuilder.ir import MUST_ALIAS, READ_WRITE, Alias
+from onnxforge.graphbuilder.builder.graph_builder import GraphBuilder
+from onnxforge.graphbuilder.ir.core import MUST_ALIAS, READ_WRITE, Alias
 from onnxforge.kernels_cy import _paged
 from onnxforge.kernels_cy.errors import KernelError, PageCapacityError, PageShapeError
 from onnxforge.kernels_cy.ops.base import REGISTRY, NodeSpec

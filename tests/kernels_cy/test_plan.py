@@ -7,8 +7,8 @@ import pytest
 from onnx import TensorProto, helper
 
 from onnxforge.graphbuilder import serde
-from onnxforge.graphbuilder.builder import GraphBuilder
-from onnxforge.graphbuilder.ir import READ_WRITE
+from onnxforge.graphbuilder.builder.graph_builder import GraphBuilder
+from onnxforge.graphbuilder.ir.core import READ_WRITE
 from onnxforge.kernels_cy.compile import compile_model, schedule
 from onnxforge.kernels_cy.errors import UnsupportedAttributeError, UnsupportedOperatorError
 from onnxforge.kernels_cy.plan import Program

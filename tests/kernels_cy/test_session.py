@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper
 
-from onnxforge.graphbuilder.builder import GraphBuilder
-from onnxforge.graphbuilder.ir import READ_WRITE
+from onnxforge.graphbuilder.builder.graph_builder import GraphBuilder
+from onnxforge.graphbuilder.ir.core import READ_WRITE
 from onnxforge.kernels_cy._buffers import buffer_address
 from onnxforge.kernels_cy.errors import BackendError, FeedError
 from onnxforge.kernels_cy.session import InferenceSession, RunCounters

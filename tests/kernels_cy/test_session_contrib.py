@@ -8,7 +8,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from onnxforge.graphbuilder import serde
-from onnxforge.graphbuilder.ir import READ_WRITE, Alias
+from onnxforge.graphbuilder.ir.core import READ_WRITE, Alias
 from onnxforge.kernels_cy.session import InferenceSession
 from tests.kernels_cy.helpers import F, onnx_model, tensor
 

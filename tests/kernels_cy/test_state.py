@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 from onnx import TensorProto
 
-from onnxforge.graphbuilder import ir as ir_module
+from onnxforge.graphbuilder.ir import core as ir_module
 from onnxforge.graphbuilder import serde
-from onnxforge.graphbuilder.builder import GraphBuilder
-from onnxforge.graphbuilder.ir import READ_WRITE
+from onnxforge.graphbuilder.builder.graph_builder import GraphBuilder
+from onnxforge.graphbuilder.ir.core import READ_WRITE
 from onnxforge.kernels_cy.errors import (
     BackendError,
     FeedError,

@@ -16,8 +16,8 @@ import pytest
 from onnx import TensorProto
 
 import onnxforge as of
-from onnxforge.graphbuilder.builder import GraphBuilder, struct_ref
-from onnxforge.graphbuilder.ir import READ_WRITE
+from onnxforge.graphbuilder.builder.graph_builder import GraphBuilder, struct_ref
+from onnxforge.graphbuilder.ir.core import READ_WRITE
 from onnxforge.kernels_cy import statefile
 from onnxforge.kernels_cy.errors import (
     StateBusyError,

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from onnxforge.kernels_cy.state import make_state
-from onnxforge.passes.stateful import make_stateful
+from onnxforge.passes.stateful.convert import make_stateful
 
 from tests.conftest import decoder_fixture_dir
 from tests.fixtures.decoders import MEDIUM_QWEN3, build_all

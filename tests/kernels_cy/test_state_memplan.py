@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 from onnx import TensorProto
 
-from onnxforge.graphbuilder.builder import READ_WRITE, GraphBuilder
+from onnxforge.graphbuilder.builder.graph_builder import READ_WRITE, GraphBuilder
 from onnxforge.kernels_cy.session import InferenceSession
 from onnxforge.kernels_cy.state import make_state
 from onnxforge.passes import memory_plan
-from onnxforge.passes.effects import effect_analysis
-from onnxforge.passes.liveness import liveness
+from onnxforge.passes.analyses.effects import effect_analysis
+from onnxforge.passes.analyses.liveness import liveness
 
 F, I64 = TensorProto.FLOAT, TensorProto.INT64
 CACHE = 1 * 8 * 4 * 4  # bytes of the float32 [1, 8, 4] cache

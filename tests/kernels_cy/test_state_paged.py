@@ -10,7 +10,7 @@ import pytest
 from onnxforge.kernels_cy.errors import CacheRangeError
 from onnxforge.kernels_cy.paged import PagedKVCache
 from onnxforge.kernels_cy.state import make_state
-from onnxforge.passes.stateful import StatefulError, make_stateful
+from onnxforge.passes.stateful.convert import StatefulError, make_stateful
 
 import onnxforge as of
 from tests.kernels_cy.helpers import ort_greedy

@@ -8,8 +8,8 @@ import pytest
 from onnx import TensorProto
 
 import onnxforge as of
-from onnxforge.graphbuilder.builder import GraphBuilder
-from onnxforge.graphbuilder.ir import READ_ONLY, READ_WRITE
+from onnxforge.graphbuilder.builder.graph_builder import GraphBuilder
+from onnxforge.graphbuilder.ir.core import READ_ONLY, READ_WRITE
 from onnxforge.kernels_cy.errors import FeedError, StateError, StateInitError
 from onnxforge.kernels_cy.session import InferenceSession
 from onnxforge.kernels_cy.state import make_state

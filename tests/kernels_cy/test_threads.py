@@ -13,7 +13,7 @@ from onnxforge.kernels_cy.errors import StateInitError
 from onnxforge.kernels_cy.session import InferenceSession, RunCounters
 from onnxforge.kernels_cy.state import make_state
 from onnxforge.kernels_cy.threads import BlasThreads
-from onnxforge.passes.stateful import make_stateful
+from onnxforge.passes.stateful.convert import make_stateful
 
 THREADS = 8
 STEPS = 200

@@ -28,9 +28,9 @@ from typing import Any
 import numpy as np
 from onnx.reference import ReferenceEvaluator
 from onnx.reference.op_run import OpRun
-from onnxforge.graphbuilder.ir import READ_WRITE, Function, Graph, Model, Node, Value
+from onnxforge.graphbuilder.ir.core import READ_WRITE, Function, Graph, Model, Node, Value
 from onnxforge.graphbuilder.serde import to_onnx
-from onnxforge.graphbuilder.tensors import Tensor, np_dtype
+from onnxforge.graphbuilder.ir.tensors import Tensor, np_dtype
 
 __all__ = ["CacheUpdateOp", "SimulationError", "functional_run", "inplace_run", "write_entries"]
 

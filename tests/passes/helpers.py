@@ -8,13 +8,13 @@ import numpy as np
 import onnxruntime as ort
 from onnx import TensorProto
 
-from onnxforge.graphbuilder.builder import READ_WRITE, GraphBuilder
-from onnxforge.graphbuilder.ir import Model, Value
+from onnxforge.graphbuilder.builder.graph_builder import READ_WRITE, GraphBuilder
+from onnxforge.graphbuilder.ir.core import Model, Value
 from onnxforge.graphbuilder.serde import to_onnx
 from onnxforge.passes import check_invariants
 from onnxforge.proto_ext.typecompat import compatible
 from onnxforge.proto_ext.verify import check
-from onnxforge.graphbuilder.storage import Storage
+from onnxforge.graphbuilder.ir.storage import Storage
 
 FLOAT = TensorProto.FLOAT
 

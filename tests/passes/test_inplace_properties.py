@@ -39,11 +39,11 @@ import pytest
 from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 from onnx import TensorProto
-from onnxforge.graphbuilder.builder import READ_WRITE, GraphBuilder, tensor_type
-from onnxforge.graphbuilder.ir import Alias, Model, Value
+from onnxforge.graphbuilder.builder.graph_builder import READ_WRITE, GraphBuilder, tensor_type
+from onnxforge.graphbuilder.ir.core import Alias, Model, Value
 from onnxforge.graphbuilder.serde import to_onnx
 from onnxforge.passes import DEFAULT_PIPELINE, get_pass
-from onnxforge.passes.pipeline import optimize
+from onnxforge.passes.framework.pipeline import optimize
 
 import onnxforge as of
 from tests.passes.functional import functional_run, inplace_run

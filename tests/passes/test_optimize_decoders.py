@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 import onnxforge as of
-from onnxforge.passes.pipeline import optimize
+from onnxforge.passes.framework.pipeline import optimize
 from tests.fixtures.decoders import random_decoder_feeds
-from tests.passes.test_export_decoders import VARIANTS, _original, _session
+from tests.passes.export.test_export_decoders import VARIANTS, _original, _session
 
 
 @pytest.fixture(scope="module")

@@ -16,8 +16,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto
 
-from onnxforge.graphbuilder.builder import READ_WRITE, GraphBuilder
-from onnxforge.graphbuilder.ir import Model, Value
+from onnxforge.graphbuilder.builder.graph_builder import READ_WRITE, GraphBuilder
+from onnxforge.graphbuilder.ir.core import Model, Value
 from onnxforge.graphbuilder.serde import to_onnx
 from onnxforge.passes import DEFAULT_PIPELINE, PassManager, PassRecord, get_pass
 from onnxforge.proto_ext.types import TensorType

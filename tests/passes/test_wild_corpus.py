@@ -149,7 +149,7 @@ decoder's LSTM runs only on chunks of one frame."""
 def test_inputs_the_original_rejects_are_still_rejected(name, factor, optimized):
     """A chunk of several frames makes the original fail in onnxruntime (its LSTM meets a
     5-D input); the optimized model, whose rank tests were folded from that fact
-    (``passes/failing_branches.py``), fails on it too."""
+    (``passes/analyses/failing_branches.py``), fails on it too."""
     result = optimized(name)
     before, after = _session(result.original), _session(result.path)
     for feed in random_feeds(name, result.original, seed=23):

@@ -9,8 +9,8 @@ import pytest
 from onnxforge.kernels_cy import _paged
 from onnxforge.kernels_cy import paged as backend
 from onnxforge.kernels_cy.errors import PageFormatError as BackendPageFormatError
-from onnxforge.passes.stateful import StatefulError
-from onnxforge.passes.stateful_paged import parse_page_formats
+from onnxforge.passes.stateful.convert import StatefulError
+from onnxforge.passes.stateful.paged import parse_page_formats
 from onnxforge.proto_ext.codecs import kvpages as kp
 
 SHAPES = [(1, 4, 32), (2, 8, 64), (3, 12, 96), (4, 16, 128), (8, 32, 32)]  # (H, P, D)

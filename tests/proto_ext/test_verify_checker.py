@@ -220,7 +220,7 @@ def test_model_loading_commands_reject_x1(tmp_path) -> None:
 
 
 def test_make_stateful_verifies_first() -> None:
-    from onnxforge.passes.stateful import make_stateful
+    from onnxforge.passes.stateful.convert import make_stateful
 
     with pytest.raises(of.VerificationError) as err:
         make_stateful(_binary("Add", F, I64), max_length=8)
