@@ -35,6 +35,11 @@ def _packages() -> tuple[list[str], dict[str, str]]:
     return packages, package_dir
 
 
+# headers and Cython includes shared by the kernel families (each family's own headers
+# sit beside its .pyx)
+INCLUDE = os.path.join("kernels_cy", "include")
+
+
 def _extensions() -> list[Extension]:
     exts = []
     for pyx in sorted(glob.glob(os.path.join("kernels_cy", "**", "*.pyx"), recursive=True)):
@@ -44,16 +49,16 @@ def _extensions() -> list[Extension]:
             Extension(
                 module,
                 [pyx],
-                include_dirs=[numpy.get_include(), "kernels_cy"],
+                include_dirs=[numpy.get_include(), INCLUDE, os.path.dirname(pyx)],
                 define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
-                # no -march: kernels_cy/_simd.h selects AVX2+FMA code paths at run time
+                # no -march: kernels_cy/include/_simd.h selects AVX2+FMA code paths at run time
                 extra_compile_args=["-O3", "-fopenmp"],
                 extra_link_args=["-fopenmp"],
-                depends=sorted(glob.glob(os.path.join("kernels_cy", "*.h"))
-                               + glob.glob(os.path.join("kernels_cy", "*.pxi"))),
+                depends=sorted(glob.glob(os.path.join(INCLUDE, "*"))
+                               + glob.glob(os.path.join(os.path.dirname(pyx), "*.h"))),
             )
         )
-    return cythonize(exts, language_level=3, quiet=True)
+    return cythonize(exts, language_level=3, quiet=True, include_path=[INCLUDE])
 
 
 def _module_source(module: str) -> str:
@@ -106,7 +111,8 @@ packages, package_dir = _packages()
 setup(
     packages=packages,
     package_dir=package_dir,
-    package_data={"onnxforge": ["py.typed"], "onnxforge.kernels_cy": ["*.h", "*.pxi", "*.pyx"]},
+    package_data={"onnxforge": ["py.typed"],
+                  **{name: ["*.h", "*.pxi", "*.pyx"] for name in packages if name.startswith("onnxforge.kernels_cy")}},
     ext_modules=_extensions() + _compiled_python(),
     cmdclass={"build_ext": _BuildExt},
 )

@@ -152,8 +152,8 @@ def _genai_time(folder: Path, ctx: int, vocab: int, warm: int, steps: int) -> fl
 
 def node_overhead_us(n: int = 400, repeat: int = 200) -> float:
     """µs per step of the run loop over an ``n``-step plan whose kernels return their input."""
-    from onnxforge.kernels_cy.plan import Program
-    from onnxforge.kernels_cy.runctx import RunContext
+    from onnxforge.kernels_cy.runtime.plan import Program
+    from onnxforge.kernels_cy.runtime.runctx import RunContext
 
     class Empty:
         def run(self, x: Any) -> Any:

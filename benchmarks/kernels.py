@@ -16,12 +16,12 @@ import numpy as np
 import onnxruntime as ort
 from onnx import TensorProto, helper
 
-from onnxforge.kernels_cy._attention import gqa_attention
-from onnxforge.kernels_cy._cache import cache_update
-from onnxforge.kernels_cy._matmul_nbits import matmul_nbits
-from onnxforge.kernels_cy._norm import rms_norm, skip_rms_norm
-from onnxforge.kernels_cy._rotary import rotary
-from onnxforge.kernels_cy._softmax import softmax
+from onnxforge.kernels_cy.attention._attention import gqa_attention
+from onnxforge.kernels_cy.cache._cache import cache_update
+from onnxforge.kernels_cy.matmul._matmul_nbits import matmul_nbits
+from onnxforge.kernels_cy.norm._norm import rms_norm, skip_rms_norm
+from onnxforge.kernels_cy.attention._rotary import rotary
+from onnxforge.kernels_cy.ops._softmax import softmax
 
 _ONNX = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.int32): TensorProto.INT32,
          np.dtype(np.int64): TensorProto.INT64, np.dtype(np.uint8): TensorProto.UINT8}

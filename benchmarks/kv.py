@@ -107,7 +107,7 @@ every context alike instead of on the one being measured."""
 
 
 def _inplace_update_times(contexts: list[int], threads: int, new: np.ndarray) -> dict[int, float]:
-    from onnxforge.kernels_cy.state import make_state
+    from onnxforge.kernels_cy.runtime.state import make_state
 
     budget = UPDATE_WARM + UPDATE_BLOCK * UPDATE_BLOCKS + 16
     states, where = {}, {}
@@ -145,7 +145,7 @@ def bench_update(contexts: list[int], threads: int, warm: int, steps: int) -> li
     import onnxruntime as ort
 
     from onnxforge.graphbuilder import serde
-    from onnxforge.kernels_cy.session import InferenceSession
+    from onnxforge.kernels_cy.runtime.session import InferenceSession
 
     new = np.random.default_rng(0).standard_normal((1, KV, 1, HEAD), dtype=np.float32)
     inplace = _inplace_update_times(contexts, threads, new)
@@ -225,7 +225,7 @@ def bench_step(path: Path, contexts: list[int], genai_contexts: set[int], thread
                steps: int, tmp: Path) -> list[dict[str, Any]]:
     import onnxforge as of
     from decode import BLOCKS
-    from onnxforge.kernels_cy.state import make_state
+    from onnxforge.kernels_cy.runtime.state import make_state
     from onnxforge.passes.stateful.convert import make_stateful
 
     info = load_io_info(path)
@@ -294,7 +294,7 @@ def _status_bytes(field: str) -> int:
 def rss_child(path: Path, ctx: int, threads: int) -> None:
     """Run in a subprocess: load, hold one state, prefill and decode a few steps, print JSON."""
     import onnxforge  # noqa: F401  (imported before the baseline)
-    from onnxforge.kernels_cy.state import make_state
+    from onnxforge.kernels_cy.runtime.state import make_state
     from onnxforge.passes.stateful.convert import make_stateful
 
     base = _status_bytes("VmRSS")

@@ -3,7 +3,7 @@ int8 / int4 (and every other format) against float32 contiguous attention, atten
 output error per format, and the attention workspace.
 
 The contiguous peer is the repository's grouped-query attention kernel
-(``kernels_cy/_attention.pyx`` ``gqa_attention``, the GroupQueryAttention path) over
+(``kernels_cy/attention/_attention.pyx`` ``gqa_attention``, the GroupQueryAttention path) over
 float32 [1, Hkv, L, D] caches; the paged runs call ``PagedKVCache.attend`` (the
 PagedAttention kernel) on the same keys and values. Shapes are the medium decoder's
 (Hq 8, Hkv 4, head_dim 64, one query token). Not part of the test suite.
@@ -26,8 +26,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-from onnxforge.kernels_cy._attention import gqa_attention
-from onnxforge.kernels_cy.paged import PAGE_FORMATS, PagedKVCache, page_nbytes
+from onnxforge.kernels_cy.attention._attention import gqa_attention
+from onnxforge.kernels_cy.paged.pages import PAGE_FORMATS, PagedKVCache, page_nbytes
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -120,7 +120,7 @@ def _streamed(n: int, k: np.ndarray, v: np.ndarray, q: np.ndarray, pages: tuple[
 
 def _decode_table(variant: str, prompt_len: int, steps: int, threads: int, repeat: int) -> None:
     """Per-token decode latency: contiguous in-place caches vs paged caches per policy."""
-    from onnxforge.kernels_cy.state import make_state
+    from onnxforge.kernels_cy.runtime.state import make_state
     from onnxforge.passes.stateful.convert import make_stateful
 
     from tests.fixtures.decoders import build_all

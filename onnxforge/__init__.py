@@ -58,9 +58,9 @@ _EXPORTS: dict[str, str] = {
     "READ_ONLY": "onnxforge.graphbuilder.ir.core",
     "READ_WRITE": "onnxforge.graphbuilder.ir.core",
     # running on the CPU backend
-    "InferenceSession": "onnxforge.kernels_cy.session",
-    "backend_ops": "onnxforge.kernels_cy.session",
-    "make_state": "onnxforge.kernels_cy.state",
+    "InferenceSession": "onnxforge.kernels_cy.runtime.session",
+    "backend_ops": "onnxforge.kernels_cy.runtime.session",
+    "make_state": "onnxforge.kernels_cy.runtime.state",
     "make_stateful": "onnxforge.passes.stateful.convert",
 }
 
@@ -83,9 +83,9 @@ if TYPE_CHECKING:
     from onnxforge.graphbuilder.ir.core import READ_ONLY as READ_ONLY
     from onnxforge.graphbuilder.ir.core import READ_WRITE as READ_WRITE
     from onnxforge.kernels_cy.errors import StateFileError as StateFileError
-    from onnxforge.kernels_cy.session import InferenceSession as InferenceSession
-    from onnxforge.kernels_cy.session import backend_ops as backend_ops
-    from onnxforge.kernels_cy.state import make_state as make_state
+    from onnxforge.kernels_cy.runtime.session import InferenceSession as InferenceSession
+    from onnxforge.kernels_cy.runtime.session import backend_ops as backend_ops
+    from onnxforge.kernels_cy.runtime.state import make_state as make_state
     from onnxforge.passes.stateful.convert import make_stateful as make_stateful
     from onnxforge.proto_ext.errors import CodecError as CodecError
     from onnxforge.proto_ext.errors import ExportError as ExportError

@@ -202,7 +202,7 @@ def _backend_decode(model: Any, prompt: list[int], steps: int, out: Any) -> tupl
     step and returns the tokens and the last-position logits of every step."""
     import time
 
-    from onnxforge.kernels_cy.state import make_state
+    from onnxforge.kernels_cy.runtime.state import make_state
 
     tokens: list[int] = []
     logits: list[np.ndarray] = []

@@ -61,7 +61,7 @@ def test_api_page_documents_the_public_names(built: Path) -> None:
                    "onnxforge.passes.framework.pass_manager.Pass",
                    "onnxforge.passes.rewrites.patterns.Rule", "onnxforge.passes.rewrites.patterns.Pattern",
                    "onnxforge.kernels_cy.ops.base.Kernel", "onnxforge.kernels_cy.ops.base.NodeSpec",
-                   "onnxforge.kernels_cy.state.State"):
+                   "onnxforge.kernels_cy.runtime.state.State"):
         assert f'id="{anchor}"' in raw, anchor
     text = _text(built / "api.html")
     # docstring text made it through, not only the names

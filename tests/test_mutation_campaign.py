@@ -401,8 +401,8 @@ def run_campaign(n: int = MUTANTS, seed: int = SEED, *, check_first: bool = Fals
                  ) -> tuple[list[tuple[str, str, str, str]], Counter]:
     """Mutate, then verify / construct / run; returns the untyped errors and stage counts.
     ``check_first`` runs ``check_runnable`` before constructing (what the backend will do)."""
-    from onnxforge.kernels_cy.session import InferenceSession
-    from onnxforge.kernels_cy.state import make_state
+    from onnxforge.kernels_cy.runtime.session import InferenceSession
+    from onnxforge.kernels_cy.runtime.state import make_state
     from onnxforge.proto_ext.verify import check_runnable
 
     rng = random.Random(seed)

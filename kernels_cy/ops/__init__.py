@@ -1,7 +1,16 @@
-"""Kernel objects of the CPU backend; importing this package registers every kernel."""
+"""The kernel registry (:mod:`.base`) and the generic ONNX operators (elementwise, shape and
+data movement, reductions, quantization, control flow, the ``onnx.reference`` fallback).
+
+Importing this package registers every kernel of every family: the families
+(``attention``, ``cache``, ``matmul``, ``norm``, ``paged``) are imported here."""
 from __future__ import annotations
 
-from onnxforge.kernels_cy.ops import attention, control, elementwise, nn, paged, quant, shape_ops  # noqa: F401
 from onnxforge.kernels_cy.ops.base import REGISTRY, Kernel, NodeSpec, claimed_ops, register
+from onnxforge.kernels_cy.ops import control, elementwise, quant, reduce, shape_ops  # noqa: F401
+import onnxforge.kernels_cy.attention.kernels  # noqa: F401,E402
+import onnxforge.kernels_cy.cache.kernels  # noqa: F401,E402
+import onnxforge.kernels_cy.matmul.kernels  # noqa: F401,E402
+import onnxforge.kernels_cy.norm.kernels  # noqa: F401,E402
+import onnxforge.kernels_cy.paged.kernels  # noqa: F401,E402
 
 __all__ = ["REGISTRY", "Kernel", "NodeSpec", "claimed_ops", "register"]

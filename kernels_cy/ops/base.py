@@ -7,7 +7,7 @@ node has several outputs. After construction a kernel object is read-only: one
 plan serves every thread and every state at once, so whatever a run writes
 (scratch, lengths, counters) lives in the run's context. A kernel that needs it
 sets ``uses_context = True`` and is called as ``kernel.run(ctx, *inputs)`` with a
-:class:`~onnxforge.kernels_cy.runctx.RunContext`.
+:class:`~onnxforge.kernels_cy.runtime.runctx.RunContext`.
 
 ``fresh`` says whether every output is a new buffer (counted as allocated). A
 view kernel (``views_input = True``, ``fresh = False``) returns a view of its

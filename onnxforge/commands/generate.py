@@ -1,6 +1,6 @@
 """``onnxforge generate MODEL (--prompt-ids 5,17,42 | --prompt-len P) --new N [--json]``.
 
-Greedy decoding through :func:`~onnxforge.kernels_cy.state.make_state`: the caches
+Greedy decoding through :func:`~onnxforge.kernels_cy.runtime.state.make_state`: the caches
 live in the state and are updated in place. A past/present decoder (the
 onnxruntime-genai layout, or a ``torch.onnx`` export with Concat-based caches at
 opset 20 or 23) is converted first (``make_stateful`` with a capacity of prompt +
@@ -137,7 +137,7 @@ def generate(model: Model | str, prompt: list[int], new: int, *, threads: int | 
     else the state's cache capacity. ``warn`` is then called with a message and the
     report adds ``clamped`` (``{"asked", "new", "context", "source"}``). A prompt
     longer than the context raises :class:`FeedError`."""
-    from onnxforge.kernels_cy.state import make_state
+    from onnxforge.kernels_cy.runtime.state import make_state
     from onnxforge.passes.stateful.convert import read_genai_config
 
     if new < 1:

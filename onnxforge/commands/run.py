@@ -69,7 +69,7 @@ def _zero_feeds(sess: Any) -> dict[str, np.ndarray]:
 def run_command(args: argparse.Namespace, label: str | None = None) -> int:
     """Run ``args.model`` (a path or an IR model) on ``args.inputs`` (zeros without it);
     ``label`` names the model in the report. Returns the exit status (0)."""
-    from onnxforge.kernels_cy.session import InferenceSession
+    from onnxforge.kernels_cy.runtime.session import InferenceSession
 
     t0 = time.perf_counter()
     sess = InferenceSession(args.model, threads=args.threads)

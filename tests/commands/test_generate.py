@@ -10,7 +10,7 @@ import pytest
 
 from onnxforge.commands.generate import add_generate_parser
 from onnxforge.kernels_cy.errors import FeedError
-from onnxforge.kernels_cy.state import make_state
+from onnxforge.kernels_cy.runtime.state import make_state
 from onnxforge.samples import build_builtin
 
 

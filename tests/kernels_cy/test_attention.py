@@ -4,9 +4,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from onnxforge.kernels_cy._attention import gqa_attention
-from onnxforge.kernels_cy._cache import cache_update
-from onnxforge.kernels_cy._rotary import rotary
+from onnxforge.kernels_cy.attention._attention import gqa_attention
+from onnxforge.kernels_cy.cache._cache import cache_update
+from onnxforge.kernels_cy.attention._rotary import rotary
 from onnxforge.kernels_cy.errors import CacheRangeError, KernelDtypeError, KernelError
 
 from . import reference as ref

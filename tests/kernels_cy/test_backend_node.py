@@ -18,7 +18,7 @@ from onnx.backend.base import Backend, BackendRep
 from onnx.backend.test.runner import Runner, _normalize_tensor
 
 from onnxforge.kernels_cy.errors import BackendError
-from onnxforge.kernels_cy.session import InferenceSession, backend_ops
+from onnxforge.kernels_cy.runtime.session import InferenceSession, backend_ops
 
 
 class OnnxforgeRep(BackendRep):

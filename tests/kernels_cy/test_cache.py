@@ -5,8 +5,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from onnxforge.kernels_cy._buffers import buffer_address
-from onnxforge.kernels_cy._cache import cache_update
+from onnxforge.kernels_cy.runtime._buffers import buffer_address
+from onnxforge.kernels_cy.cache._cache import cache_update
 from onnxforge.kernels_cy.errors import CacheRangeError, KernelDtypeError, KernelError
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from onnxforge.kernels_cy._gemv import OneRowMatMul
-from onnxforge.kernels_cy._norm import RowNorm, SkipRowNorm
+from onnxforge.kernels_cy.matmul._gemv import OneRowMatMul
+from onnxforge.kernels_cy.norm._norm import RowNorm, SkipRowNorm
 from onnxforge.kernels_cy.errors import KernelError
 
 
@@ -102,7 +102,7 @@ def test_skip_row_norm_fallbacks():
 
 
 def test_reshape_call_views_copy_zero_dims_and_fall_back():
-    from onnxforge.kernels_cy._views import ReshapeCall
+    from onnxforge.kernels_cy.ops._views import ReshapeCall
 
     x = np.arange(2 * 3 * 8, dtype=np.float32).reshape(2, 3, 8)
     fb = _Fallback()
@@ -123,7 +123,7 @@ def test_reshape_call_views_copy_zero_dims_and_fall_back():
                                                ((6, 4), 0, [2, 4]), ((3, 4, 2), -2, [4]), ((2, 3), 1, [0, 3])])
 @pytest.mark.parametrize("dtype", [np.float32, np.int64, np.bool_, np.float16])
 def test_split_call_copies_each_part_like_numpy(shape, axis, sizes, dtype):
-    from onnxforge.kernels_cy._views import SplitCall
+    from onnxforge.kernels_cy.ops._views import SplitCall
 
     x = (np.arange(int(np.prod(shape))) % 7).astype(dtype).reshape(shape)
     fb = _Fallback()
@@ -136,7 +136,7 @@ def test_split_call_copies_each_part_like_numpy(shape, axis, sizes, dtype):
 
 
 def test_split_call_hands_other_inputs_to_the_fallback():
-    from onnxforge.kernels_cy._views import SplitCall
+    from onnxforge.kernels_cy.ops._views import SplitCall
 
     fb = _Fallback()
     call = SplitCall([2, 2], 1, fb)
@@ -171,7 +171,7 @@ def _nbits_operands(rng, K: int, N: int, zp_kind: str | None):
 @pytest.mark.parametrize("with_bias", [False, True])
 @pytest.mark.parametrize("threads", [1, 2])
 def test_one_row_nbits_matches_float64(zp_kind, with_bias, threads):
-    from onnxforge.kernels_cy._matmul_nbits import OneRowNBits
+    from onnxforge.kernels_cy.matmul._matmul_nbits import OneRowNBits
 
     from . import reference as ref
 
@@ -195,8 +195,8 @@ def test_one_row_nbits_zero_terms_of_constant_operands_follow_the_operands(simd,
     # read-only operands (a model's weights) get their scale * zero point terms computed
     # once; other read-only operands, or writable ones, must not reuse them. N = 4k + 3
     # rows exercise the kernels' four-row groups and their remainder on every vector path.
-    from onnxforge.kernels_cy import _matmul_nbits
-    from onnxforge.kernels_cy._matmul_nbits import OneRowNBits
+    from onnxforge.kernels_cy.matmul import _matmul_nbits
+    from onnxforge.kernels_cy.matmul._matmul_nbits import OneRowNBits
 
     from . import reference as ref
 
@@ -228,7 +228,7 @@ def test_one_row_nbits_zero_terms_of_constant_operands_follow_the_operands(simd,
 
 
 def test_one_row_nbits_hands_other_forms_to_the_fallback():
-    from onnxforge.kernels_cy._matmul_nbits import OneRowNBits
+    from onnxforge.kernels_cy.matmul._matmul_nbits import OneRowNBits
 
     K, N = 64, 8
     b = np.zeros((N, 2, 16), np.uint8)
@@ -268,7 +268,7 @@ def _rotate64(x, cos, sin, rot, interleaved):
 @pytest.mark.parametrize("strided", [False, True])
 def test_rotary_call_matches_float64(interleaved, rot, strided):
     # a [B, S, N, D] tensor transposed to [B, N, S, D] is read through its strides
-    from onnxforge.kernels_cy._rotary import RotaryCall
+    from onnxforge.kernels_cy.attention._rotary import RotaryCall
 
     rng = np.random.default_rng(5)
     B, N, S, D = 2, 3, 4, 16
@@ -284,7 +284,7 @@ def test_rotary_call_matches_float64(interleaved, rot, strided):
 
 
 def test_rotary_call_hands_other_forms_to_the_fallback():
-    from onnxforge.kernels_cy._rotary import RotaryCall
+    from onnxforge.kernels_cy.attention._rotary import RotaryCall
 
     x = np.zeros((1, 2, 3, 8), np.float32)
     c3 = np.zeros((1, 3, 4), np.float32)
@@ -315,7 +315,7 @@ def _attention64(q, k, v, scale):
 def test_attention_one_query_matches_float64_over_cache_views(hq, hkv, mask, threads, T):
     # K and V are the valid prefix of capacity-sized caches (strided views), as the stateful
     # torch decoders pass them; a mask that masks nothing is the exporter's all-true mask
-    from onnxforge.kernels_cy._attention import AttentionOneQuery
+    from onnxforge.kernels_cy.attention._attention import AttentionOneQuery
 
     rng = np.random.default_rng(hq * 10 + hkv)
     D, cap = 32, T + 27
@@ -333,7 +333,7 @@ def test_attention_one_query_matches_float64_over_cache_views(hq, hkv, mask, thr
 
 
 def test_attention_one_query_hands_masking_masks_and_other_forms_to_the_fallback():
-    from onnxforge.kernels_cy._attention import AttentionOneQuery
+    from onnxforge.kernels_cy.attention._attention import AttentionOneQuery
 
     q = np.zeros((1, 4, 1, 8), np.float32)
     k = np.zeros((1, 2, 5, 8), np.float32)

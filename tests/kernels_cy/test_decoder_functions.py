@@ -17,7 +17,7 @@ from onnxscript import opset21 as op
 import onnxforge as of
 import onnxforge.kernels_cy  # noqa: F401  (importing the backend registers its runner)
 from onnxforge.errors import CodecError
-from onnxforge.kernels_cy import decoder_fn
+from onnxforge.kernels_cy.runtime import decoder_fn
 from onnxforge.proto_ext import schema
 from onnxforge.proto_ext.codecs.registry import (function_runner, get_decoder, register_decoder,
                                                  register_function_runner, unregister_decoder)

@@ -15,7 +15,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from onnxforge.kernels_cy.session import InferenceSession
+from onnxforge.kernels_cy.runtime.session import InferenceSession
 from tests.fixtures.decoders import load_io_info, past_names, present_names, random_decoder_feeds
 
 pytestmark = pytest.mark.slow

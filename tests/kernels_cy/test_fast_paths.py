@@ -16,8 +16,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from onnxforge.kernels_cy.errors import KernelError
-from onnxforge.kernels_cy.session import InferenceSession
-from onnxforge.kernels_cy.threads import BLAS, BLAS_PARALLEL_WORK
+from onnxforge.kernels_cy.runtime.session import InferenceSession
+from onnxforge.kernels_cy.runtime.threads import BLAS, BLAS_PARALLEL_WORK
 from onnxforge.proto_ext.errors import VerificationError
 from tests.kernels_cy.helpers import F, I64, onnx_model, reference, tensor
 
@@ -232,7 +232,7 @@ def test_unaligned_inline_constants_are_aligned_once_at_plan_time():
     m.graph.initializer.append(numpy_helper.from_array(w, "w"))
     del m.graph.input[1]
     from onnxforge.graphbuilder import serde
-    from onnxforge.kernels_cy.compile import Compiler
+    from onnxforge.kernels_cy.runtime.compile import Compiler
 
     ir = serde.load(m.SerializeToString())
     arr = Compiler(ir).constant(next(iter(ir.graph.all_initializers())))
@@ -274,7 +274,7 @@ def test_blas_threads_are_bounded_for_small_products_and_restored_after_a_run():
 
 
 def test_one_row_products_over_large_weights_use_the_runs_threads():
-    from onnxforge.kernels_cy.threads import BLAS_PARALLEL_BYTES
+    from onnxforge.kernels_cy.runtime.threads import BLAS_PARALLEL_BYTES
 
     saved = BLAS.begin(2)
     try:
@@ -294,7 +294,7 @@ def test_one_row_products_over_large_weights_use_the_runs_threads():
 @pytest.mark.parametrize("zp_kind", [None, "uint8", "float"])
 def test_matmul_nbits_one_row_fused_path_matches_float64(baseline, zp_kind):
     """M = 1, block 32: the per-block fused product (every vector path) against float64."""
-    from onnxforge.kernels_cy import _matmul_nbits
+    from onnxforge.kernels_cy.matmul import _matmul_nbits
     from tests.kernels_cy import reference as ref
 
     rng = np.random.default_rng(11)

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from onnxforge.kernels_cy.errors import StateInitError
-from onnxforge.kernels_cy.paged import PagedKVCache
-from onnxforge.kernels_cy.session import InferenceSession
-from onnxforge.kernels_cy.state import make_state
+from onnxforge.kernels_cy.paged.pages import PagedKVCache
+from onnxforge.kernels_cy.runtime.session import InferenceSession
+from onnxforge.kernels_cy.runtime.state import make_state
 from onnxforge.passes.stateful.convert import make_stateful
 
 PAGE = 16

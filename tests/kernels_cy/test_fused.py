@@ -1,4 +1,4 @@
-"""Plan-time fusions (``kernels_cy.fused``): the SwiGLU gate of a decoder MLP.
+"""Plan-time fusions (``kernels_cy.matmul.fused``): the SwiGLU gate of a decoder MLP.
 
 Oracles: float64 numpy and onnxruntime for the fused results; the unfused kernels'
 own float32 steps (``gemv``, ``_softmax.sigmoid``, numpy products) for the claim that
@@ -12,7 +12,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import onnxforge as of
-from onnxforge.kernels_cy import _gemv, _softmax
+from onnxforge.kernels_cy.matmul import _gemv
+from onnxforge.kernels_cy.ops import _softmax
 from onnxforge.kernels_cy.errors import KernelError
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from onnxforge.kernels_cy._attention import gqa_decode
+from onnxforge.kernels_cy.attention._attention import gqa_decode
 from onnxforge.kernels_cy.errors import CacheRangeError, KernelError
 
 from . import reference as ref

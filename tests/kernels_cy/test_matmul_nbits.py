@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from onnxforge.kernels_cy._matmul_nbits import matmul_nbits
+from onnxforge.kernels_cy.matmul._matmul_nbits import matmul_nbits
 from onnxforge.kernels_cy.errors import KernelDtypeError, KernelError
 
 from . import reference as ref

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from onnxforge.kernels_cy._norm import rms_norm, skip_rms_norm
+from onnxforge.kernels_cy.norm._norm import rms_norm, skip_rms_norm
 from onnxforge.kernels_cy.errors import KernelDtypeError, KernelError
 
 from . import reference as ref

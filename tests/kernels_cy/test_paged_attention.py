@@ -9,12 +9,12 @@ from onnx import TensorProto
 
 from onnxforge.graphbuilder.builder.graph_builder import GraphBuilder
 from onnxforge.graphbuilder.ir.core import MUST_ALIAS, READ_WRITE, Alias
-from onnxforge.kernels_cy import _paged
+from onnxforge.kernels_cy.paged import _paged
 from onnxforge.kernels_cy.errors import KernelError, PageCapacityError, PageShapeError
 from onnxforge.kernels_cy.ops.base import REGISTRY, NodeSpec
-from onnxforge.kernels_cy.paged import PAGE_FORMATS, PagedKVCache
-from onnxforge.kernels_cy.runctx import RunContext
-from onnxforge.kernels_cy.session import InferenceSession
+from onnxforge.kernels_cy.paged.pages import PAGE_FORMATS, PagedKVCache
+from onnxforge.kernels_cy.runtime.runctx import RunContext
+from onnxforge.kernels_cy.runtime.session import InferenceSession
 from onnxforge.proto_ext.types import StructType
 from tests.kernels_cy import paged_ref as ref
 

@@ -7,7 +7,7 @@ import pytest
 
 from onnxforge.kernels_cy.errors import (BackendError, PageCapacityError, PagedCacheError, PageFormatError,
                                          PageIdError, PageShapeError)
-from onnxforge.kernels_cy.paged import PagedKVCache, page_nbytes
+from onnxforge.kernels_cy.paged.pages import PagedKVCache, page_nbytes
 from tests.kernels_cy import paged_ref as ref
 
 H, D, P = 2, 32, 4

@@ -9,8 +9,8 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from onnxforge.kernels_cy import _paged
-from onnxforge.kernels_cy.paged import PAGE_FORMATS, PagedKVCache
+from onnxforge.kernels_cy.paged import _paged
+from onnxforge.kernels_cy.paged.pages import PAGE_FORMATS, PagedKVCache
 from tests.kernels_cy import paged_ref as ref
 
 MIXED = ["int8", "float32", "int4", "int2", "int8", "fp8", "int4", "codebook", "float16", "int4", "int8"]

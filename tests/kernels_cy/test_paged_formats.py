@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from onnxforge.kernels_cy.errors import PageFormatError, PageShapeError
-from onnxforge.kernels_cy.paged import PAGE_FORMATS, PagedKVCache, page_nbytes, parse_formats
+from onnxforge.kernels_cy.paged.pages import PAGE_FORMATS, PagedKVCache, page_nbytes, parse_formats
 from tests.kernels_cy import paged_ref as ref
 
 H, P, D = 2, 8, 64
@@ -165,7 +165,7 @@ def test_bad_formats_and_shapes_are_typed_errors():
 
 @pytest.mark.parametrize("fmt", ["float16", "int8", "int4"])
 def test_vector_and_portable_decoders_agree_bit_for_bit(fmt):
-    from onnxforge.kernels_cy import _paged
+    from onnxforge.kernels_cy.paged import _paged
 
     page = _page(8)
     c = _cache_with(fmt, page)

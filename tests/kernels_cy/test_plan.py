@@ -9,11 +9,11 @@ from onnx import TensorProto, helper
 from onnxforge.graphbuilder import serde
 from onnxforge.graphbuilder.builder.graph_builder import GraphBuilder
 from onnxforge.graphbuilder.ir.core import READ_WRITE
-from onnxforge.kernels_cy.compile import compile_model, schedule
+from onnxforge.kernels_cy.runtime.compile import compile_model, schedule
 from onnxforge.kernels_cy.errors import UnsupportedAttributeError, UnsupportedOperatorError
-from onnxforge.kernels_cy.plan import Program
-from onnxforge.kernels_cy.runctx import RunContext
-from onnxforge.kernels_cy.session import InferenceSession, backend_ops
+from onnxforge.kernels_cy.runtime.plan import Program
+from onnxforge.kernels_cy.runtime.runctx import RunContext
+from onnxforge.kernels_cy.runtime.session import InferenceSession, backend_ops
 from tests.kernels_cy.helpers import F, I64, onnx_model, reference, tensor
 
 

@@ -15,7 +15,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import onnxforge as of
-from onnxforge.kernels_cy import _gemv, _pool
+from onnxforge.kernels_cy.matmul import _gemv
+from onnxforge.kernels_cy.runtime import _pool
 from onnxforge.kernels_cy.errors import KernelDtypeError, KernelError
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from onnxforge.kernels_cy._rotary import rotary
+from onnxforge.kernels_cy.attention._rotary import rotary
 from onnxforge.kernels_cy.errors import KernelDtypeError, KernelError
 
 from . import reference as ref

@@ -7,9 +7,9 @@ from onnx import TensorProto, helper
 
 from onnxforge.graphbuilder.builder.graph_builder import GraphBuilder
 from onnxforge.graphbuilder.ir.core import READ_WRITE
-from onnxforge.kernels_cy._buffers import buffer_address
+from onnxforge.kernels_cy.runtime._buffers import buffer_address
 from onnxforge.kernels_cy.errors import BackendError, FeedError
-from onnxforge.kernels_cy.session import InferenceSession, RunCounters
+from onnxforge.kernels_cy.runtime.session import InferenceSession, RunCounters
 from tests.kernels_cy.helpers import F, I64, onnx_model, tensor
 
 

@@ -9,7 +9,7 @@ from onnx import TensorProto, helper
 
 from onnxforge.graphbuilder import serde
 from onnxforge.graphbuilder.ir.core import READ_WRITE, Alias
-from onnxforge.kernels_cy.session import InferenceSession
+from onnxforge.kernels_cy.runtime.session import InferenceSession
 from tests.kernels_cy.helpers import F, onnx_model, tensor
 
 MS = {"com.microsoft": 1}
@@ -182,7 +182,7 @@ def _packed_gqa_model(nq, nkv, h, rotary, interleaved=0):
 @pytest.fixture
 def general_path_calls(monkeypatch):
     """Counts the calls that reach GroupQueryAttention's general (Python) path."""
-    from onnxforge.kernels_cy.ops.attention import GroupQueryAttention
+    from onnxforge.kernels_cy.attention.kernels import GroupQueryAttention
 
     calls = []
     general = GroupQueryAttention._run

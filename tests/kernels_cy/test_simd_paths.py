@@ -4,7 +4,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from onnxforge.kernels_cy import _attention, _matmul_nbits, _norm, _softmax
+from onnxforge.kernels_cy.attention import _attention
+from onnxforge.kernels_cy.matmul import _matmul_nbits
+from onnxforge.kernels_cy.norm import _norm
+from onnxforge.kernels_cy.ops import _softmax
 
 from . import reference as ref
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from onnxforge.kernels_cy._softmax import softmax
+from onnxforge.kernels_cy.ops._softmax import softmax
 from onnxforge.kernels_cy.errors import KernelDtypeError, KernelError
 
 from . import reference as ref

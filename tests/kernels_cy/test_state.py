@@ -21,7 +21,7 @@ from onnxforge.kernels_cy.errors import (
     StateFeedError,
     StateInitError,
 )
-from onnxforge.kernels_cy.state import StateCounters, make_state
+from onnxforge.kernels_cy.runtime.state import StateCounters, make_state
 
 F, I64 = TensorProto.FLOAT, TensorProto.INT64
 

@@ -8,7 +8,7 @@ import pytest
 
 import onnxforge as of
 from onnxforge.kernels_cy.errors import BackendError, FeedError
-from onnxforge.kernels_cy.state import make_state
+from onnxforge.kernels_cy.runtime.state import make_state
 from onnxforge.samples import DecoderConfig, build_builtin
 
 import onnxruntime as ort

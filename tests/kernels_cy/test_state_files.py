@@ -18,7 +18,7 @@ from onnx import TensorProto
 import onnxforge as of
 from onnxforge.graphbuilder.builder.graph_builder import GraphBuilder, struct_ref
 from onnxforge.graphbuilder.ir.core import READ_WRITE
-from onnxforge.kernels_cy import statefile
+from onnxforge.kernels_cy.runtime import statefile
 from onnxforge.kernels_cy.errors import (
     StateBusyError,
     StateClosedError,
@@ -26,8 +26,8 @@ from onnxforge.kernels_cy.errors import (
     StateFileError,
     StateInitError,
 )
-from onnxforge.kernels_cy.paged import PagedKVCache
-from onnxforge.kernels_cy.state import make_state
+from onnxforge.kernels_cy.paged.pages import PagedKVCache
+from onnxforge.kernels_cy.runtime.state import make_state
 from onnxforge.proto_ext.codecs.kvcache import cache_declaration
 from onnxforge.proto_ext.types import StructType
 

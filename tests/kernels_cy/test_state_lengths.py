@@ -10,8 +10,8 @@ from onnxforge.graphbuilder import serde
 from onnxforge.graphbuilder.builder.graph_builder import GraphBuilder
 from onnxforge.graphbuilder.ir.core import READ_WRITE
 from onnxforge.kernels_cy.errors import CacheRangeError, FeedError, StateInitError
-from onnxforge.kernels_cy.session import InferenceSession
-from onnxforge.kernels_cy.state import make_state
+from onnxforge.kernels_cy.runtime.session import InferenceSession
+from onnxforge.kernels_cy.runtime.state import make_state
 from onnxforge.passes.stateful.convert import make_stateful
 from tests.kernels_cy.test_session_contrib import _gqa_feeds, _gqa_model
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from onnxforge.kernels_cy.state import make_state
+from onnxforge.kernels_cy.runtime.state import make_state
 from onnxforge.passes.stateful.convert import make_stateful
 
 from tests.conftest import decoder_fixture_dir
@@ -60,7 +60,7 @@ def test_medium_decoder_runs_on_the_backend_like_onnxruntime(medium_path: Path):
     InferenceSession over the original (stateless) model: prefill and decode logits
     within 1e-4 of onnxruntime's, the same tokens."""
     import onnxruntime as ort
-    from onnxforge.kernels_cy.session import InferenceSession
+    from onnxforge.kernels_cy.runtime.session import InferenceSession
 
     kv, h = MEDIUM_QWEN3["num_key_value_heads"], MEDIUM_QWEN3["head_dim"]
     opts = ort.SessionOptions()

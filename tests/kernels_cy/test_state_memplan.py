@@ -8,8 +8,8 @@ import pytest
 from onnx import TensorProto
 
 from onnxforge.graphbuilder.builder.graph_builder import READ_WRITE, GraphBuilder
-from onnxforge.kernels_cy.session import InferenceSession
-from onnxforge.kernels_cy.state import make_state
+from onnxforge.kernels_cy.runtime.session import InferenceSession
+from onnxforge.kernels_cy.runtime.state import make_state
 from onnxforge.passes import memory_plan
 from onnxforge.passes.analyses.effects import effect_analysis
 from onnxforge.passes.analyses.liveness import liveness

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from onnxforge.kernels_cy.errors import CacheRangeError
-from onnxforge.kernels_cy.paged import PagedKVCache
-from onnxforge.kernels_cy.state import make_state
+from onnxforge.kernels_cy.paged.pages import PagedKVCache
+from onnxforge.kernels_cy.runtime.state import make_state
 from onnxforge.passes.stateful.convert import StatefulError, make_stateful
 
 import onnxforge as of
@@ -165,7 +165,7 @@ def test_cli_generate_and_stateful_make_paged_caches(decoder_models, tmp_path, c
     assert set(last) == {f"past_key_values.{i}" for i in range(4)}
     # 3 + 11 = 14 tokens in 4-token pages: pages 0-3 held, the newest float32
     assert last["past_key_values.0"][:4] == ["int4", "int4", "int8", "float32"]
-    from onnxforge.kernels_cy.paged import page_nbytes
+    from onnxforge.kernels_cy.paged.pages import page_nbytes
 
     assert report["cache_bytes"][-1] == 4 * sum(page_nbytes(f, 2, 4, 32) for f in ("int4", "int4", "int8", "float32"))
     out = tmp_path / "paged.onnx"

@@ -11,8 +11,8 @@ import onnxforge as of
 from onnxforge.graphbuilder.builder.graph_builder import GraphBuilder
 from onnxforge.graphbuilder.ir.core import READ_ONLY, READ_WRITE
 from onnxforge.kernels_cy.errors import FeedError, StateError, StateInitError
-from onnxforge.kernels_cy.session import InferenceSession
-from onnxforge.kernels_cy.state import make_state
+from onnxforge.kernels_cy.runtime.session import InferenceSession
+from onnxforge.kernels_cy.runtime.state import make_state
 from onnxforge.proto_ext.types import StructType
 
 F = TensorProto.FLOAT

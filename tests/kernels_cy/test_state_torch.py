@@ -9,8 +9,8 @@ from onnx import TensorProto
 from onnxforge.graphbuilder.builder.graph_builder import GraphBuilder
 from onnxforge.graphbuilder.ir.core import READ_WRITE
 from onnxforge.kernels_cy.errors import BackendError
-from onnxforge.kernels_cy.session import InferenceSession
-from onnxforge.kernels_cy.state import make_state
+from onnxforge.kernels_cy.runtime.session import InferenceSession
+from onnxforge.kernels_cy.runtime.state import make_state
 from onnxforge.passes.stateful.convert import make_stateful
 
 import onnxforge as of

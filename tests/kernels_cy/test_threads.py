@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from onnxforge.kernels_cy.errors import StateInitError
-from onnxforge.kernels_cy.session import InferenceSession, RunCounters
-from onnxforge.kernels_cy.state import make_state
-from onnxforge.kernels_cy.threads import BlasThreads
+from onnxforge.kernels_cy.runtime.session import InferenceSession, RunCounters
+from onnxforge.kernels_cy.runtime.state import make_state
+from onnxforge.kernels_cy.runtime.threads import BlasThreads
 from onnxforge.passes.stateful.convert import make_stateful
 
 THREADS = 8

@@ -1,13 +1,13 @@
 """The page format catalogue (proto_ext.codecs.kvpages) and the backend's compiled page
-kernels (kernels_cy._paged) agree: same names in the same code order, same page sizes,
+kernels (kernels_cy.paged._paged) agree: same names in the same code order, same page sizes,
 and each code decodes the layout its catalogue name encodes."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from onnxforge.kernels_cy import _paged
-from onnxforge.kernels_cy import paged as backend
+from onnxforge.kernels_cy.paged import _paged
+from onnxforge.kernels_cy.paged import pages as backend
 from onnxforge.kernels_cy.errors import PageFormatError as BackendPageFormatError
 from onnxforge.passes.stateful.convert import StatefulError
 from onnxforge.passes.stateful.paged import parse_page_formats

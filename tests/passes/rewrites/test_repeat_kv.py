@@ -7,7 +7,7 @@ from onnx import TensorProto
 from onnxforge.graphbuilder.builder.graph_builder import GraphBuilder
 from onnxforge.graphbuilder.ir.core import Model
 from onnxforge.graphbuilder.serde import load, to_onnx
-from onnxforge.kernels_cy.session import InferenceSession
+from onnxforge.kernels_cy.runtime.session import InferenceSession
 from onnxforge.passes import FusionPass, optimize
 
 from tests.passes.helpers import FLOAT, assert_sound, ort_run, reference_run

@@ -24,7 +24,7 @@ def addr(a: np.ndarray) -> int:
 @pytest.mark.slow
 def test_stateful_genai_decoder_decodes_like_onnxruntime_in_place(decoder_models: dict[str, Path]):
     import onnxruntime as ort
-    from onnxforge.kernels_cy.state import make_state
+    from onnxforge.kernels_cy.runtime.state import make_state
 
     path = decoder_models["genai_fp32"]
     model = make_stateful(str(path), max_length=MAX_LENGTH, batch=1)

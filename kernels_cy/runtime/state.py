@@ -75,7 +75,7 @@ from onnxforge.kernels_cy.errors import (
     StateFeedError,
     StateInitError,
 )
-from onnxforge.kernels_cy.session import (
+from onnxforge.kernels_cy.runtime.session import (
     InferenceSession,
     Length,
     RunContext,
@@ -408,7 +408,7 @@ class State:
         """Write the retained values and their published lengths to one state file
         (``make_state(model, initial=path)`` and ``reset(path)`` restore both).
 
-        The file (format: :mod:`onnxforge.kernels_cy.statefile`) records a format
+        The file (format: :mod:`onnxforge.kernels_cy.runtime.statefile`) records a format
         version, a SHA-256 checksum per payload (each array, each struct field, each
         paged cache's encoded pages) and the declared identity: each bound input's name,
         dtype and shape, capacities and published lengths, and for paged caches the page
@@ -423,7 +423,7 @@ class State:
             raise StateBusyError("State.save: a call is active on this state (rule R5)")
         try:
             self._check_open()
-            from onnxforge.kernels_cy import statefile
+            from onnxforge.kernels_cy.runtime import statefile
 
             statefile.write_state(path, self._file_slots(), self._values, self._lengths)
         finally:
@@ -431,7 +431,7 @@ class State:
 
     def _file_slots(self) -> list[Any]:
         """The declared identity of each bound input, as a state file records and checks it."""
-        from onnxforge.kernels_cy import statefile
+        from onnxforge.kernels_cy.runtime import statefile
 
         model = self._session.model
         out = []
@@ -553,7 +553,7 @@ class State:
         if b.structured:
             layout = _paged_layout(self._session.model, b.input)
             if layout is not None:  # an empty paged cache: no page held, length 0
-                from onnxforge.kernels_cy.paged import PagedKVCache
+                from onnxforge.kernels_cy.paged.pages import PagedKVCache
 
                 heads, head_dim, page, pages, formats = layout
                 return PagedKVCache(heads, head_dim, page, pages, formats=formats)
@@ -640,7 +640,7 @@ def _writable(a: Any) -> bool:
 
 
 def _is_paged(a: Any) -> bool:
-    from onnxforge.kernels_cy.paged import PagedKVCache
+    from onnxforge.kernels_cy.paged.pages import PagedKVCache
 
     return isinstance(a, PagedKVCache)
 
@@ -666,7 +666,7 @@ def _paged_layout(model: Model, name: str) -> tuple[int, int, int, int, tuple[st
 def _read_saved(path: str | os.PathLike, slots: list[Any]) -> tuple[dict[str, Any], dict[str, Length]]:
     """The values and lengths of a state file, checked against ``slots`` (a
     :class:`~onnxforge.kernels_cy.errors.StateFileError` otherwise)."""
-    from onnxforge.kernels_cy import statefile
+    from onnxforge.kernels_cy.runtime import statefile
 
     return statefile.read_state(path, slots)
 

@@ -1,6 +1,6 @@
 """Plan-time fusions: node groups the plan runs as one compiled call.
 
-The model is not changed: the plan builder (:mod:`~onnxforge.kernels_cy.compile`)
+The model is not changed: the plan builder (:mod:`~onnxforge.kernels_cy.runtime.compile`)
 finds a group in the body's schedule, runs one kernel in place of its nodes, and
 never gives the group's inner values a slot. A group fuses only when no value
 inside it is read outside it (or is a graph output), and its result is the same,

@@ -1,6 +1,6 @@
 /* The backend's worker pool: a parallel-for whose workers spin only while a run is active.
  *
- * OpenMP's passive wait policy (kernels_cy/threads.py) puts idle workers to sleep at once,
+ * OpenMP's passive wait policy (kernels_cy/runtime/threads.py) puts idle workers to sleep at once,
  * so each parallel region pays a futex wake-up, tens of microseconds on a loaded machine:
  * a decode step opens one region per product and loses about a millisecond that way. This
  * pool keeps its workers spinning between kernels while a session run is active

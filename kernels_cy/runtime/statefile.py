@@ -66,7 +66,7 @@ from typing import IO, Any, cast
 import numpy as np
 from onnxforge.graphbuilder.ir.core import Model
 from onnxforge.kernels_cy.errors import BackendError, StateError, StateFileError
-from onnxforge.kernels_cy.session import Length
+from onnxforge.kernels_cy.runtime.session import Length
 
 __all__ = ["FORMAT", "MAGIC", "VERSION", "PagedGeometry", "Slot", "read_state", "token_axis",
            "write_state"]
@@ -214,13 +214,13 @@ def _storable(what: str, a: Any) -> np.ndarray:
 def write_state(path: str | os.PathLike, slots: Sequence[Slot], values: Mapping[str, Any],
                 lengths: Mapping[str, Length]) -> None:
     """Write ``values`` (by bound input: an array, a dict of field arrays or a
-    :class:`~onnxforge.kernels_cy.paged.PagedKVCache`) and the published ``lengths`` of
+    :class:`~onnxforge.kernels_cy.paged.pages.PagedKVCache`) and the published ``lengths`` of
     the READ_WRITE arrays to ``path``, atomically (see the module docstring).
 
     A value of another kind (a runtime object with no file form) is a
     :class:`StateError` raised before any file is created; an ``OSError`` while writing
     propagates after the temporary file is removed, the previous file untouched."""
-    from onnxforge.kernels_cy.paged import PagedKVCache
+    from onnxforge.kernels_cy.paged.pages import PagedKVCache
 
     records: list[dict[str, Any]] = []
     payloads: list[_Payload] = []
@@ -354,7 +354,7 @@ def read_state(path: str | os.PathLike, slots: Sequence[Slot]
     """The values and published lengths a state file holds for a state declaring ``slots``,
     every byte and the whole declared identity checked (see the module docstring); a
     :class:`StateFileError` otherwise. The arrays are new, writable and C-contiguous,
-    the paged caches new :class:`~onnxforge.kernels_cy.paged.PagedKVCache` objects."""
+    the paged caches new :class:`~onnxforge.kernels_cy.paged.pages.PagedKVCache` objects."""
     p = os.fspath(path)
     try:
         with open(p, "rb") as fh:
@@ -619,7 +619,7 @@ def _payloads(r: _Reader, plan: _Plan) -> tuple[dict[str, Any], dict[str, Length
 
 def _paged(r: _Reader, slot: Slot, g: dict[str, Any], data: np.ndarray) -> Any:
     """A new cache from its wire form, each page verified (rules K6-K9) and matched to the record."""
-    from onnxforge.kernels_cy.paged import PagedKVCache
+    from onnxforge.kernels_cy.paged.pages import PagedKVCache
     from onnxforge.proto_ext.codecs.kvcache import cache_from_bytes
     from onnxforge.proto_ext.errors import OnnxforgeError
 

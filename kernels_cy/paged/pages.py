@@ -49,7 +49,7 @@ from typing import Any
 
 import numpy as np
 
-import onnxforge.kernels_cy._paged as _paged
+import onnxforge.kernels_cy.paged._paged as _paged
 from onnxforge.kernels_cy.errors import (PageCapacityError, PagedCacheError, PageFormatError,
                                          PageIdError, PageShapeError)
 from onnxforge.proto_ext.codecs import kvpages

@@ -1,4 +1,4 @@
-/* Vector kernels of the paged KV cache (kernels_cy/_paged.pyx).
+/* Vector kernels of the paged KV cache (kernels_cy/paged/_paged.pyx).
  *
  * Row decoders (int8, int4, float16 -> float32) and the decode-attention kernels that
  * work on the codes of int8 and int4 pages directly: scores
@@ -15,7 +15,7 @@
  * kernels also have AVX-512F versions (_paged_simd512.h), used where the CPU has
  * AVX-512F unless pg_set_use512(0) keeps them to AVX2. The row decoders are
  * bit-identical on both paths; the attention kernels agree up to float32 summation order.
- * Layouts (kernels_cy/_paged.pyx, the paged-formats contract): an int8 row is a float32
+ * Layouts (kernels_cy/paged/_paged.pyx, the paged-formats contract): an int8 row is a float32
  * scale and D int8 codes; an int4 row is D/32 records of a float16 scale and 16 bytes of
  * codes, low nibble first. D is a multiple of 32.
  */

@@ -1,6 +1,6 @@
 """Paged KV cache kernels (``ai.onnxforge``): PagedCacheUpdate and PagedAttention.
 
-The cache value is a :class:`~onnxforge.kernels_cy.paged.PagedKVCache` (a graph input
+The cache value is a :class:`~onnxforge.kernels_cy.paged.pages.PagedKVCache` (a graph input
 typed as a struct category, bound READ_WRITE). Before / after one decode step::
 
     updated = PagedCacheUpdate(cache, key, value, position)   # updated IS cache (MUST_ALIAS)
@@ -8,7 +8,7 @@ typed as a struct category, bound READ_WRITE). Before / after one decode step::
 
 A step is a transaction: PagedCacheUpdate stages the new tokens (the page already
 holding tokens below them in the cache's staging page, new pages as new payloads; see
-:mod:`~onnxforge.kernels_cy.paged`) and records the stage in the run's context;
+:mod:`~onnxforge.kernels_cy.paged.pages`) and records the stage in the run's context;
 PagedAttention of that cache in the same run reads the published pages plus the staged
 ones. The stage is committed (the staging page swapped in, aging pages converted, the
 length published) only when the whole run succeeds, by the state that owns the cache or,
@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from onnxforge.kernels_cy.ops.base import Kernel, NodeSpec, register
-from onnxforge.kernels_cy.paged import PagedKVCache
+from onnxforge.kernels_cy.paged.pages import PagedKVCache
 
 __all__ = ["PagedAttention", "PagedCacheUpdate"]
 

@@ -6,7 +6,7 @@ bound kernel method, the integer slots it reads and writes, and the slots it
 releases afterwards. Running it touches no IR object and no dict: it fills a list
 of slots with the feeds and the constants, calls each kernel with a tuple of its
 input arrays (preceded by the run's context for the kernels that take it, see
-``kernels_cy/runctx.py``), stores the results and drops released slots. A program
+``kernels_cy/runtime/runctx.py``), stores the results and drops released slots. A program
 holds nothing a run writes, so any number of threads may run it at once. An error a
 kernel raises on purpose (an ``OnnxforgeError``) gets a note naming the step; any
 other ``ArithmeticError``, ``LookupError``, ``ValueError``, ``TypeError`` or

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from onnxforge.kernels_cy.plan import Counters
+from onnxforge.kernels_cy.runtime.plan import Counters
 
 __all__ = ["Length", "RunContext", "RunLengths"]
 
@@ -96,10 +96,10 @@ def _max_length(a: Length, b: Length) -> Length:
 class RunContext:
     """What one run writes: counters, lengths, staged pages; see the module docstring.
 
-    ``mem``: the run's :class:`~onnxforge.kernels_cy.plan.Counters`. ``lengths``: the
+    ``mem``: the run's :class:`~onnxforge.kernels_cy.runtime.plan.Counters`. ``lengths``: the
     state's :class:`RunLengths` (None: a stateless run, nothing is tracked).
     ``threads``: the bound of the backend's own pool for this run. ``staged``: per
-    paged cache object (by ``id``), the :class:`~onnxforge.kernels_cy.paged.PageStage`
+    paged cache object (by ``id``), the :class:`~onnxforge.kernels_cy.paged.pages.PageStage`
     of the tokens this run wrote, committed when the run succeeds (:meth:`commit`, by
     the state that owns the caches or by a stateless session run) and discarded
     otherwise (:meth:`discard`).

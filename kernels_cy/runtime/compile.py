@@ -1,4 +1,4 @@
-"""Plan builder: compiles an IR graph once into a flat :class:`~onnxforge.kernels_cy.plan.Program`.
+"""Plan builder: compiles an IR graph once into a flat :class:`~onnxforge.kernels_cy.runtime.plan.Program`.
 
 The plan is the graph's schedule (producers first, and every reader of a written
 version of storage before its in-place writer, rule L13), one kernel object per
@@ -29,10 +29,10 @@ from onnxforge.graphbuilder.ir.scope_order import CycleError, captured_values
 from onnxforge.graphbuilder.ir.storage import Storage
 from onnxforge.graphbuilder.ir.tensors import EncodedTensor, Tensor
 from onnxforge.kernels_cy.errors import BackendError, UnsupportedOperatorError
-from onnxforge.kernels_cy.fused import Fused, SwiGLU, find_swiglu
+from onnxforge.kernels_cy.matmul.fused import Fused, SwiGLU, find_swiglu
 from onnxforge.kernels_cy.ops.base import REGISTRY, Kernel, NodeSpec, norm_domain
-from onnxforge.kernels_cy.plan import Program
-from onnxforge.kernels_cy.runctx import RunContext
+from onnxforge.kernels_cy.runtime.plan import Program
+from onnxforge.kernels_cy.runtime.runctx import RunContext
 from onnxforge.passes.rewrites.topo import schedule as topo_schedule
 from onnxforge.proto_ext.errors import OnnxforgeError
 from onnxforge.proto_ext.types import TensorType
@@ -122,7 +122,7 @@ class Compiler:
         self.model = model
         self.fallback = fallback
         self.fold = fold
-        self.fuse = fuse  # plan-time fusions (kernels_cy.fused)
+        self.fuse = fuse  # plan-time fusions (kernels_cy.matmul.fused)
         self.threads = threads
         self.effects = effects
         self.fallback_nodes: list[str] = []
@@ -354,7 +354,7 @@ class Compiler:
         return out
 
     def _fusions(self, order: list[Node], consts: dict[int, np.ndarray]) -> dict[int, Fused]:
-        """Node id -> its fused group (:mod:`~onnxforge.kernels_cy.fused`), for every node of one."""
+        """Node id -> its fused group (:mod:`~onnxforge.kernels_cy.matmul.fused`), for every node of one."""
         if not self.fuse:
             return {}
         out: dict[int, Fused] = {}
@@ -364,7 +364,7 @@ class Compiler:
         return out
 
     def _fused_kernel(self, f: Fused, consts: dict[int, np.ndarray]) -> Kernel:
-        mg, mu, sig, ma, my = f.members  # the SwiGLU roles (kernels_cy.fused)
+        mg, mu, sig, ma, my = f.members  # the SwiGLU roles (kernels_cy.matmul.fused)
         calls = [self._kernel(n, self._spec(n, consts)).run for n in f.members]
         return SwiGLU(self._spec(my, consts), calls, a_first=my.inputs[0] is ma.outputs[0],
                       g_first=ma.inputs[0] is mg.outputs[0], threads=self.threads)

@@ -8,7 +8,7 @@ contract (float32, float16, int8, int4, fp8, int2, codebook; format codes 0..6
 in that order). Every encoder rounds half to even and clamps; every decoder is
 exact given the bytes (float32 arithmetic).
 
-Entry points (argument checks are the caller's, ``kernels_cy/paged.py``, except
+Entry points (argument checks are the caller's, ``kernels_cy/paged/pages.py``, except
 sizes, which are checked here before any byte is written):
 
 * :func:`init_page` writes the encoding of an all-zero page;

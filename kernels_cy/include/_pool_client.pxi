@@ -5,6 +5,6 @@ cdef extern from "_pool_api.h":
     int of_pool_import() except -1
     void of_pool_parallel_for(long n, of_task_fn fn, void* ctx, int threads) nogil
 
-import onnxforge.kernels_cy._pool  # noqa: F401  (the pool's owner must be imported first)
+import onnxforge.kernels_cy.runtime._pool  # noqa: F401  (the pool's owner must be imported first)
 
 of_pool_import()

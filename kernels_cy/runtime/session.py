@@ -19,7 +19,7 @@ through (Identity) hand it on by owner.
 Threads. A session is compiled once and then read-only: its plan, constants and
 kernel objects are shared by every thread and every state, and everything one run
 writes (scratch, published and written lengths, counters, outputs) lives in that
-run's :class:`~onnxforge.kernels_cy.runctx.RunContext`. Any number of threads may call
+run's :class:`~onnxforge.kernels_cy.runtime.runctx.RunContext`. Any number of threads may call
 :meth:`InferenceSession.run` at once, and any number of states made over one session
 (``make_state(sess)``) run concurrently. A call's result is bitwise equal to the same
 call run alone with the same ``threads=``: no kernel splits its work by the number of
@@ -44,11 +44,11 @@ from typing import Any
 import numpy as np
 
 from onnxforge.graphbuilder.ir.core import READ_WRITE, Model, Value
-from onnxforge.kernels_cy.compile import compile_model
+from onnxforge.kernels_cy.runtime.compile import compile_model
 from onnxforge.kernels_cy.errors import BackendError, FeedError
 from onnxforge.kernels_cy.ops import fast
-from onnxforge.kernels_cy.runctx import Length, RunContext, RunLengths
-from onnxforge.kernels_cy.threads import BLAS
+from onnxforge.kernels_cy.runtime.runctx import Length, RunContext, RunLengths
+from onnxforge.kernels_cy.runtime.threads import BLAS
 from onnxforge.proto_ext.dtypes import np_dtype
 from onnxforge.proto_ext.errors import CodecError, OnnxforgeError, VerificationError
 from onnxforge.proto_ext.types import StructType, TensorType, type_name
@@ -191,7 +191,7 @@ class InferenceSession:
                           other=other)
 
     def _cg_const(self, v: Value) -> np.ndarray:
-        from onnxforge.kernels_cy.compile import Compiler
+        from onnxforge.kernels_cy.runtime.compile import Compiler
 
         return Compiler(self.model).constant(v)
 

@@ -11,7 +11,7 @@ runner is registered.
 
     import onnxforge.kernels_cy
     from onnxforge.proto_ext.codecs.registry import function_runner
-    assert function_runner() is onnxforge.kernels_cy.decoder_fn.run_decoder_function
+    assert function_runner() is onnxforge.kernels_cy.runtime.decoder_fn.run_decoder_function
 """
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ def _session(model_bytes: bytes, path: str) -> Any:
         _SESSIONS.move_to_end(model_bytes)
         return sess
     from onnxforge.graphbuilder import serde
-    from onnxforge.kernels_cy.session import InferenceSession
+    from onnxforge.kernels_cy.runtime.session import InferenceSession
 
     try:
         sess = InferenceSession(serde.from_bytes(model_bytes), threads=1, verify=False)  # built here from the checked decoder

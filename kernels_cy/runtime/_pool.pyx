@@ -29,7 +29,7 @@ __all__ = ["run_begins", "run_ends", "stats"]
 
 cdef of_pool_api_t _API
 _API.parallel_for = of_parallel_for
-_api = PyCapsule_New(<void*>&_API, b"onnxforge.kernels_cy._pool._api", NULL)
+_api = PyCapsule_New(<void*>&_API, b"onnxforge.kernels_cy.runtime._pool._api", NULL)
 
 
 def run_begins() -> None:

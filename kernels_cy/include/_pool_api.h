@@ -1,5 +1,5 @@
-/* Client side of the worker pool (kernels_cy/_pool.h), included by the kernel modules
- * through _pool_client.pxi: they reach the one pool owned by ``onnxforge.kernels_cy._pool``
+/* Client side of the worker pool (kernels_cy/runtime/_pool.h), included by the kernel modules
+ * through _pool_client.pxi: they reach the one pool owned by ``onnxforge.kernels_cy.runtime._pool``
  * through a capsule, so every module shares the same workers. Import the owner module from
  * Python first, then call of_pool_import() once (it raises on failure): PyCapsule_Import
  * does not import submodules. */
@@ -17,7 +17,7 @@ typedef struct {
 static of_pool_api_t *of_pool_api = NULL;
 
 static int of_pool_import(void) {
-    of_pool_api = (of_pool_api_t *)PyCapsule_Import("onnxforge.kernels_cy._pool._api", 0);
+    of_pool_api = (of_pool_api_t *)PyCapsule_Import("onnxforge.kernels_cy.runtime._pool._api", 0);
     return of_pool_api != NULL ? 0 : -1;
 }
 

@@ -1,6 +1,5 @@
 """Attention-family kernels: RotaryEmbedding (ONNX and com.microsoft), ONNX Attention,
-com.microsoft GroupQueryAttention (rotary, seqlens_k, shared past/present buffer),
-com.microsoft MatMulNBits and ai.onnxforge CacheUpdate (in place).
+com.microsoft GroupQueryAttention (rotary, seqlens_k, shared past/present buffer).
 
 Grouped heads are handled by reshaping the queries to ``[B, Nkv, group * S, H]``
 so one batched product per KV head reads the keys in place (no repeat of K/V).
@@ -14,7 +13,7 @@ import numpy as np
 from onnxforge.kernels_cy.errors import CacheRangeError, KernelError
 from onnxforge.kernels_cy.ops import fast
 from onnxforge.kernels_cy.ops.base import Kernel, NodeSpec, register
-from onnxforge.kernels_cy.runctx import RunContext
+from onnxforge.kernels_cy.runtime.runctx import RunContext
 
 F32 = np.dtype(np.float32)
 
@@ -595,158 +594,3 @@ def _softcap_attention(q, k, v, scale, bias, cap):
     e = np.exp(sc)
     e /= np.sum(e, axis=-1, keepdims=True)
     return np.matmul(e.reshape(nkv, g * s, t), v).reshape(nq, s, -1).astype(q.dtype)
-
-
-@register("com.microsoft", "MatMulNBits")
-class MatMulNBits(Kernel):
-    """A [.., K] x dequantized B^T [K, N]: bits 2/4/8, block-wise scales, optional
-    zero points (packed uint8 or scale-typed), optional bias. A constant B is
-    dequantized once at plan time into a [K, N] float matrix."""
-
-    def __init__(self, spec: NodeSpec):
-        super().__init__(spec)
-        self.k = spec.int("K")
-        self.n = spec.int("N")
-        self.bits = spec.int("bits", 4)
-        self.bs = spec.int("block_size")
-        if self.bits not in (2, 4, 8):
-            raise spec.fail(f"bits={self.bits} is not supported (2, 4, 8)")
-        if self.bs < 16 or self.bs & (self.bs - 1):
-            raise spec.fail(f"block_size={self.bs} must be a power of two >= 16")
-        if spec.has_input(4):
-            raise spec.fail("g_idx is not supported")
-        self.weight = None
-        self.use_fast = fast.matmul_nbits is not None and self.bits == 4
-        self.threads_for = spec.threads_for
-        consts = [spec.const(i) for i in range(min(spec.n_inputs, 4))]
-        if self.use_fast and fast.OneRowNBits is not None:  # the compiled call for a decode row
-            self.run = fast.OneRowNBits(self.k, self.n, self.bs, spec.threads_for(self.k * self.n) or 1,  # type: ignore[method-assign]
-                                        self._run)
-        if not self.use_fast and all(consts[i] is not None for i in (1, 2)) and \
-                (not spec.has_input(3) or consts[3] is not None):
-            self.weight = self._dequantize(consts[1], consts[2], consts[3] if spec.has_input(3) else None)
-
-    def _dequantize(self, b, scales, zp):
-        nblk = -(-self.k // self.bs)
-        raw = np.asarray(b, dtype=np.uint8).reshape(self.n, nblk, -1)
-        per = 8 // self.bits
-        mask = (1 << self.bits) - 1
-        codes = np.empty((self.n, nblk, raw.shape[2] * per), dtype=np.uint8)
-        for j in range(per):
-            codes[:, :, j::per] = (raw >> (j * self.bits)) & mask
-        codes = codes[:, :, :self.bs].astype(np.float32)
-        sc = np.asarray(scales).reshape(self.n, nblk).astype(np.float32)
-        if zp is None:
-            z = np.float32(1 << (self.bits - 1))
-            zz = np.full((self.n, nblk), z, dtype=np.float32)
-        elif zp.dtype == np.uint8:
-            zr = zp.reshape(self.n, -1)
-            zc = np.empty((self.n, zr.shape[1] * per), dtype=np.uint8)
-            for j in range(per):
-                zc[:, j::per] = (zr >> (j * self.bits)) & mask
-            zz = zc[:, :nblk].astype(np.float32)
-        else:
-            zz = None
-            zf = np.asarray(zp, dtype=np.float32).reshape(self.n, nblk)
-        if zz is None:  # zero points of the scales' type
-            zz = zf
-        w = (codes - zz[:, :, None]) * sc[:, :, None]
-        w = w.reshape(self.n, nblk * self.bs)[:, :self.k]
-        return np.ascontiguousarray(w.T.astype(np.asarray(scales).dtype))  # [K, N]
-
-    def run(self, a, b, scales, zp=None, g_idx=None, bias=None):
-        return self._run(a, b, scales, zp, g_idx, bias)
-
-    def _run(self, a, b, scales, zp=None, g_idx=None, bias=None):
-        if (self.use_fast and a.dtype == F32 and scales.dtype == F32 and b.flags.c_contiguous
-                and scales.flags.c_contiguous and (zp is None or zp.dtype in (np.uint8, F32))):
-            a2 = np.ascontiguousarray(a.reshape(-1, self.k))
-            out = np.empty(a.shape[:-1] + (self.n,), dtype=F32)
-            fast.matmul_nbits(a2, b, scales, zp, self.k, self.n, out.reshape(-1, self.n),
-                              bits=4, block_size=self.bs, bias=bias,
-                              num_threads=self.threads_for(a2.shape[0] * self.k * self.n))
-            return out
-        w = self.weight if self.weight is not None else self._dequantize(b, scales, zp)
-        y = np.matmul(a, w)
-        if bias is not None:
-            y += bias
-        return y
-
-
-@register("ai.onnxforge", "CacheUpdate")
-class CacheUpdate(Kernel):
-    """Writes ``values`` into ``cache`` at ``position`` along ``axis`` in place; returns ``cache``.
-
-    Every check comes before the write: a negative position, ``position + n`` past
-    the capacity, or (for a state buffer) a position below its published length
-    (rule R3) is a :class:`CacheRangeError` and nothing is written. The new valid
-    length ``position + n`` is recorded for the state to publish."""
-
-    fresh = False
-    uses_context = True
-
-    def __init__(self, spec: NodeSpec):
-        super().__init__(spec)
-        self.axis = spec.int("axis", -2)
-
-    def run(self, ctx, cache, values, position):
-        floor = ctx.floor(cache)
-        if (fast.cache_update is not None and isinstance(position, np.ndarray) and position.ndim == 0
-                and position.dtype.kind in "iu" and isinstance(floor, (int, type(None)))):
-            pos = int(position)  # the common decode step: one scalar position, the compiled copy
-            if floor is not None and pos != floor and pos != ctx.next(cache):  # refused, with every check
-                return self._general(cache, values, position, ctx, floor)
-            try:
-                end = fast.cache_update(cache, values, pos, self.axis)
-            except KernelError as e:  # checked before the first byte is written
-                raise type(e)(f"{self.spec_path}: {e}") from None
-            if floor is not None:
-                ctx.wrote(cache, end)
-            return cache
-        return self._general(cache, values, position, ctx, floor)
-
-    def _gap(self, pos: object, floor: object, name: object) -> CacheRangeError:
-        return CacheRangeError(f"{self.spec_path}: position {pos} is above the published length {floor} "
-                               f"of {name!r}: the entries between would be published without being written "
-                               f"(rule R3: a run appends at the published length)")
-
-    def _below(self, pos: object, floor: object, name: object) -> CacheRangeError:
-        return CacheRangeError(f"{self.spec_path}: position {pos} is below the published length {floor} "
-                               f"of {name!r} (rule R3: a run writes only at or above it)")
-
-    def _general(self, cache, values, position, ctx, floor):
-        if not isinstance(cache, np.ndarray) or not cache.flags.writeable:
-            raise self.error("the cache buffer is not writable")
-        if values.dtype != cache.dtype:
-            raise self.error(f"values are {values.dtype} but the cache is {cache.dtype}")
-        if values.ndim != cache.ndim:
-            raise self.error(f"values have rank {values.ndim}, the cache {cache.ndim}")
-        a = self.axis % cache.ndim
-        n = values.shape[a]
-        cap = cache.shape[a]
-        pos = np.asarray(position, dtype=np.int64).reshape(-1)
-        if pos.size not in (1, cache.shape[0]):
-            raise self.error(f"position has {pos.size} entries for batch {cache.shape[0]}")
-        if pos.size and (pos.min() < 0 or pos.max() + n > cap):
-            raise CacheRangeError(f"{self.spec_path}: position {pos.tolist()} + {n} new entries is outside "
-                                  f"the capacity {cap}")
-        for i, d in enumerate(values.shape):
-            if i != a and d != cache.shape[i]:
-                raise self.error(f"values shape {values.shape} does not match the cache {cache.shape}")
-        if floor is not None and np.any(pos < np.asarray(floor)):
-            raise self._below(pos.tolist(), floor, ctx.name(cache))
-        if floor is not None and np.any(pos > np.asarray(ctx.next(cache))):
-            raise self._gap(pos.tolist(), ctx.next(cache), ctx.name(cache))
-        if pos.size == 1:
-            idx = [slice(None)] * cache.ndim
-            idx[a] = slice(int(pos[0]), int(pos[0]) + n)
-            cache[tuple(idx)] = values
-        else:
-            for b in range(cache.shape[0]):
-                idx = [b] + [slice(None)] * (cache.ndim - 1)
-                idx[a] = slice(int(pos[b]), int(pos[b]) + n)
-                vidx = [b] + [slice(None)] * (cache.ndim - 1)
-                cache[tuple(idx)] = values[tuple(vidx)]
-        if floor is not None:
-            ctx.wrote(cache, int(pos[0]) + n if pos.size == 1 else tuple(int(p) + n for p in pos))
-        return cache

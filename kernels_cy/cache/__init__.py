@@ -1,0 +1,2 @@
+"""Contiguous cache family: ai.onnxforge CacheUpdate (:mod:`.kernels`), written in place
+by the compiled ``_cache`` copy."""
