@@ -47,11 +47,10 @@ PROTOBUF_ALLOWED = {
 }
 # Individual imports from the onnx package allowed elsewhere, as (file, module).
 ONNX_IMPORT_ALLOWED = {
-    # constant folding evaluates a node with onnx's reference runtime, on a model
-    # the IR's serde writes; the pass itself never builds or reads a message
-    ("passes/rewrites/fold.py", "onnx.reference"),
-    # the backend's fallback kernel runs a node it does not implement the same way
-    ("kernels_cy/ops/fallback.py", "onnx.reference"),
+    # the one node evaluator (constant folding, the backend's reference fallback) runs a
+    # node with onnx's reference runtime, on a model the IR's serde writes; it never
+    # builds or reads a message itself
+    ("passes/rewrites/fold_eval.py", "onnx.reference"),
 }
 # Names from onnx that carry no protobuf use: operator schemas, and the data-type
 # enum of TensorProto (TensorProto.FLOAT...). Calling TensorProto or its message

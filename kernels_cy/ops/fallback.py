@@ -1,7 +1,8 @@
 """Fallback kernel: runs one node the backend does not claim with ``onnx.reference``.
 
 Used only when the session was created with ``fallback="reference"``; the node
-becomes a one-node model (per input dtype signature, built on first use) and its
+becomes a one-node model (:func:`~onnxforge.passes.rewrites.fold_eval.one_node_model`,
+the one constant folding uses, built on first use per input dtype signature) and its
 outputs are counted as fallback copies.
 """
 from __future__ import annotations
@@ -11,8 +12,9 @@ from typing import Any
 
 import numpy as np
 
-from onnxforge.graphbuilder.ir.core import Attr, Graph, Model, Node, Value
+from onnxforge.graphbuilder.ir.core import Attr, Model, Node
 from onnxforge.kernels_cy.ops.base import Kernel, NodeSpec
+from onnxforge.passes.rewrites.fold_eval import one_node_model, reference_evaluator
 from onnxforge.proto_ext.dtypes import onnx_dtype
 from onnxforge.proto_ext.types import TensorType
 
@@ -41,26 +43,9 @@ class ReferenceKernel(Kernel):
         sess = self._sessions.get(key)
         if sess is not None:
             return sess
-        from onnx.reference import ReferenceEvaluator
-
-        from onnxforge.graphbuilder import serde
-
-        g = Graph(name="fallback")
-        ins: list[Value | None] = []
-        for i, x in enumerate(xs):
-            if x is None:
-                ins.append(None)
-                continue
-            v = Value(f"in{i}", TensorType(onnx_dtype(x.dtype), (None,) * x.ndim))
-            g.add_input(v)
-            ins.append(v)
-        n = g.append(Node(self.domain, self.op_type, ins, [f"out{j}" for j in range(self.n_out)],
-                          name="fallback", attributes=[Attr(a.name, a.type, a.value) for a in self.attrs]))
-        for o, t in zip(n.outputs, self.out_types):
-            o.type = t
-            g.outputs.append(o)
-        proto = serde.to_onnx(Model(g, opset_imports=self.opsets, ir_version=10))
-        sess = ReferenceEvaluator(proto)
+        inputs = [None if x is None else TensorType(onnx_dtype(x.dtype), (None,) * x.ndim) for x in xs]
+        sess = reference_evaluator(one_node_model(self.domain, self.op_type, self.attrs, inputs,
+                                                  self.out_types, self.opsets))
         self._sessions[key] = sess
         return sess
 

@@ -3,9 +3,9 @@
 A node whose inputs are all constants (initializers that are not graph inputs,
 or outputs of ``Constant`` nodes) is evaluated once and replaced by an
 initializer holding its result (a ``Constant`` node inside a function body,
-which has no initializers). Evaluation uses numpy for common operators (here and
-in :mod:`.fold_eval`, with onnx.reference's results) and ``onnx.reference``
-otherwise. ``Constant`` nodes of graphs become
+which has no initializers). The node is evaluated by :func:`.fold_eval.evaluate_node`
+(numpy where it computes onnx.reference's results, ``onnx.reference`` otherwise).
+``Constant`` nodes of graphs become
 initializers without reading their payload.
 
 Never folded: nodes with side effects, random operators, nodes owning
@@ -47,10 +47,10 @@ from onnxforge.graphbuilder.ir.core import (
     Node,
     Value,
 )
-from onnxforge.graphbuilder.ir.tensors import EncodedTensor, Tensor, onnx_dtype
+from onnxforge.graphbuilder.ir.tensors import EncodedTensor, Tensor
 from onnxforge.passes.framework.domains import DEFAULT_DOMAINS, imported_version, opsets_in_scope
 from onnxforge.passes.analyses.effects import Effects, effect_analysis
-from onnxforge.passes.rewrites.fold_eval import evaluate
+from onnxforge.passes.rewrites.fold_eval import evaluate_node
 from onnxforge.passes.framework.invariants import is_nondeterministic
 from onnxforge.passes.framework.pass_manager import Pass, PassResult, check_int_option, register_pass
 from onnxforge.passes.framework.records import copy_tensor
@@ -134,97 +134,6 @@ def _numeric(a: np.ndarray) -> bool:
 
 
 # -- numpy fast path -------------------------------------------------------------------
-
-
-def _axes(node: Node, arrays: list[np.ndarray | None], opset: int) -> list[int] | None:
-    if opset >= 13:
-        return None if len(arrays) < 2 or arrays[1] is None else [int(a) for a in arrays[1].reshape(-1)]
-    got = node.attr("axes")
-    return None if got is None else [int(a) for a in got]
-
-
-def _fast(node: Node, arrays: list[np.ndarray | None], opset: int) -> list[np.ndarray] | None:
-    op = node.op_type
-    x = arrays[0] if arrays else None
-    if op in ("Add", "Sub", "Mul", "Div") and len(arrays) == 2 and arrays[1] is not None and x is not None:
-        y = arrays[1]
-        if x.dtype != y.dtype or (op == "Div" and x.dtype.kind != "f") or x.dtype.kind == "b":
-            return None
-        fn = {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Div": np.divide}[op]
-        return [np.asarray(fn(x, y)).astype(x.dtype, copy=False)]
-    if x is None:
-        return None
-    if op == "Neg" and x.dtype.kind in "if":
-        return [np.negative(x)]
-    if op == "Relu" and x.dtype.kind in "if":
-        # x < 0 ? 0 : x, as onnxruntime computes it: -0.0 and NaN pass through unchanged
-        # (np.maximum(x, 0), the reference implementation, turns -0.0 into +0.0).
-        return [np.where(x < 0, np.zeros((), x.dtype), x)]
-    if op == "Identity":
-        return [x.copy()]
-    if op == "Transpose":
-        perm = node.attr("perm")
-        return [np.ascontiguousarray(np.transpose(x, None if perm is None else list(perm)))]
-    if op == "Reshape" and len(arrays) == 2 and arrays[1] is not None:
-        shape = [int(d) for d in arrays[1].reshape(-1)]
-        if not node.attr("allowzero", 0):
-            shape = [x.shape[i] if d == 0 and i < x.ndim else d for i, d in enumerate(shape)]
-        return [x.reshape(shape).copy()]
-    if op == "Unsqueeze":
-        axes = _axes(node, arrays, opset)
-        if axes is None:
-            return None
-        rank = x.ndim + len(axes)
-        return [np.expand_dims(x, tuple(sorted(a + rank if a < 0 else a for a in axes))).copy()]
-    if op == "Squeeze":
-        axes = _axes(node, arrays, opset)
-        if axes is None:
-            return [np.squeeze(x).copy()]
-        return [np.squeeze(x, tuple(a + x.ndim if a < 0 else a for a in axes)).copy()]
-    if op == "Concat" and all(a is not None for a in arrays):
-        if len({a.dtype for a in arrays}) != 1:
-            return None
-        return [np.concatenate(arrays, axis=int(node.attr("axis", 0)))]
-    if op == "Shape":
-        start = int(node.attr("start", 0))
-        end = node.attr("end")
-        dims = x.shape[start:] if end is None else x.shape[start:int(end)]
-        return [np.array(dims, dtype=np.int64)]
-    return None
-
-
-# -- onnx.reference path ----------------------------------------------------------------
-
-
-def _reference(node: Node, arrays: list[np.ndarray | None], opsets: dict[str, int]) -> list[np.ndarray] | None:
-    from onnx.reference import ReferenceEvaluator  # imported on first need: most models never do
-
-    from onnxforge.graphbuilder.serde import to_onnx
-
-    g = Graph("fold")
-    ins: list[Value | None] = []
-    feeds: dict[str, np.ndarray] = {}
-    for k, a in enumerate(arrays):
-        if a is None:
-            ins.append(None)
-            continue
-        v = Value(f"in{k}", TensorType(onnx_dtype(a.dtype), tuple(a.shape)))
-        g.add_input(v)
-        ins.append(v)
-        feeds[v.name] = a
-    outs = [f"out{j}" for j in range(len(node.outputs))]
-    clone = Node(node.domain, node.op_type, ins, outs, attributes=dict(node.attributes),
-                 overload=node.overload, name="fold")
-    g.append(clone)
-    g.outputs.extend(clone.outputs)
-    mini = Model(g, opset_imports=dict(opsets), ir_version=10)
-    try:
-        proto = to_onnx(mini)
-        results = ReferenceEvaluator(proto).run(None, feeds)
-    except (ValueError, TypeError, RuntimeError, NotImplementedError, IndexError, KeyError,
-            ArithmeticError, AttributeError):
-        return None  # not evaluable here: the node stays as it is
-    return [np.asarray(r) for r in results]
 
 
 # -- size limits --------------------------------------------------------------------------
@@ -458,11 +367,7 @@ class _Folder:
         opsets = opsets_in_scope(self.model, c)
         opset = imported_version(opsets, n.domain) or 23
         # (numpy's floating-point errors are ignored for the whole pass: see _run)
-        results = _fast(n, arrays, opset)
-        if results is None:
-            results = evaluate(n, arrays, opset)
-        if results is None:
-            results = _reference(n, arrays, opsets)
+        results = evaluate_node(n, arrays, opset, opsets)
         if results is None or len(results) != len(n.outputs):
             return
         tensors: list[Tensor | None] = []

@@ -7,7 +7,7 @@ from onnx import TensorProto
 
 from onnxforge.graphbuilder.ir.core import Attr, AttrType, Node, Value
 from onnxforge.graphbuilder.ir.tensors import Tensor
-from onnxforge.passes.rewrites.fold import _reference
+from onnxforge.passes.rewrites.fold_eval import _reference
 from onnxforge.passes.rewrites.fold_eval import evaluate
 
 I64_MAX, I64_MIN = np.iinfo(np.int64).max, np.iinfo(np.int64).min
