@@ -2,15 +2,20 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from onnxforge.errors import CodecError, OnnxforgeError, VerificationError, Violation
 
+if TYPE_CHECKING:
+    from onnxforge.graphbuilder.ir.core import Model
+    from onnxforge.passes.framework.pass_manager import PassRecord
+
 __all__ = ["decode_value", "verify", "check", "load", "load_verified", "save", "to_standard_onnx",
-           "infer_shapes", "optimize"]
+           "infer_shapes", "optimize", "Optimization"]
 
 def _is_ir(model: Any) -> bool:
     from onnxforge.graphbuilder.ir.core import Model
@@ -27,13 +32,18 @@ def load(source: Any, *, model_dir: str | None = None):
     A path that is missing, a directory or unreadable raises
     :class:`onnxforge.ModelFileError`.
     """
+    if _is_ir(source):
+        return source
+    return _serde_load(source, model_dir, verify=False)
+
+
+def _serde_load(source: Any, model_dir: str | None, *, verify: bool):
+    """``serde.load``, with a model file that cannot be read reported as ModelFileError."""
     from onnxforge.graphbuilder import serde
     from onnxforge.proto_ext.schema import model_file_error
 
-    if _is_ir(source):
-        return source
     try:
-        return serde.load(source, model_dir=model_dir)
+        return serde.load(source, model_dir=model_dir, verify=verify)
     except OSError as exc:
         # only the model file itself: external data raises ExternalDataError
         if isinstance(exc, OnnxforgeError) or not isinstance(source, (str, os.PathLike)) \
@@ -67,13 +77,19 @@ def load_verified(source: Any, *, model_dir: str | None = None):
     """:func:`load`, after checking that ``source`` breaks no static rule.
 
     Raises :class:`onnxforge.VerificationError` listing every violation (the model
-    is not loaded then); an IR model is checked and returned as it is. External
-    references are checked (rule P7) before any payload is mapped.
+    is not loaded then); an IR model is checked and returned as it is. A path, bytes
+    or a ModelProto is mapped, scanned and parsed once: the rules (external
+    references, rule P7, among them) run on that parse before any payload is mapped
+    and any IR is built, which is then decoded from the same message
+    (``serde.load(verify=True)``).
     """
-    violations = _input_violations(source, None if model_dir is None else os.fspath(model_dir))
-    if violations:
-        raise VerificationError(violations)
-    return load(source, model_dir=model_dir)
+    folder = None if model_dir is None else os.fspath(model_dir)
+    if _is_ir(source):
+        violations = _input_violations(source, folder)
+        if violations:
+            raise VerificationError(violations)
+        return source
+    return _serde_load(source, folder, verify=True)
 
 
 def to_standard_onnx(model: Any, *, target_opset: int | None = None, keep_domains: Any = (),
@@ -90,20 +106,65 @@ def to_standard_onnx(model: Any, *, target_opset: int | None = None, keep_domain
     return _export(model, target_opset=target_opset, keep_domains=keep_domains, lower=lower)
 
 
-def optimize(model: Any, passes: Any = None, *, debug: bool = False, opset: int | None = None):
+class Optimization:
+    """:func:`optimize` in its steps, for a caller that reports on each (``onnxforge
+    optimize`` times the load and shows a bar over the passes)::
+
+        run = Optimization(["cse", "dce"], progress=print)  # pass names checked: nothing read yet
+        model = run.load("model.onnx")                      # load_verified: one map, scan, parse
+        run(model)                                          # the passes, in place
+        run.records, run.report()                           # a PassRecord per pass run; their table
+
+    ``passes``, ``debug`` and ``opset`` are :func:`optimize`'s; ``progress`` is called
+    with each :class:`~onnxforge.passes.framework.pass_manager.PassRecord` as its pass
+    ends.
+    """
+
+    def __init__(self, passes: Any = None, *, debug: bool = False, opset: int | None = None,
+                 progress: Callable[[PassRecord], None] | None = None) -> None:
+        from onnxforge.passes.framework.pipeline import pass_manager
+
+        self.manager = pass_manager(passes, debug=debug, opset=opset, progress=progress)
+
+    def load(self, source: Any) -> Model:
+        """The verified IR model of ``source`` (:func:`load_verified`)."""
+        from onnxforge.passes.framework.pass_manager import collector_paused
+
+        with collector_paused():  # verification builds many small objects too (see the passes')
+            return load_verified(source)
+
+    def __call__(self, model: Model) -> Model:
+        """Run the passes over the IR ``model`` (rewritten in place) and return it."""
+        return self.manager(model).model
+
+    @property
+    def records(self) -> list[PassRecord]:
+        """One record per pass of the last run, in order."""
+        return self.manager.records
+
+    def report(self) -> str:
+        """The last run as a text table: pass, round, seconds, nodes before -> after."""
+        return self.manager.report()
+
+
+def optimize(model: Any, passes: Any = None, *, debug: bool = False, opset: int | None = None,
+             progress: Callable[[PassRecord], None] | None = None):
     """Run the default pass pipeline (or ``passes``: names or Pass objects) and return the
     IR model; nothing the model declares (struct types, encoded initializers, bindings,
     aliases) is dropped. ``debug`` checks every invariant between passes. ``opset=23``
     lets the pipeline raise an older model's default-domain opset to 23 to fuse
     decomposed attention and RMS norms into ``Attention`` / ``RMSNormalization``.
+    ``progress`` is called with each pass's record as it ends.
 
-    ``model`` is verified first: one that breaks a static rule raises
-    :class:`onnxforge.VerificationError` and is never rewritten."""
+    Pass names are checked first; then ``model`` is verified (a path, bytes or
+    ModelProto on the message it is loaded from, read once): one that breaks a
+    static rule raises :class:`onnxforge.VerificationError` and is never rewritten.
+    The steps are :class:`Optimization`'s."""
     from onnxforge.passes.framework.pass_manager import collector_paused
-    from onnxforge.passes.framework.pipeline import optimize as _optimize
 
-    with collector_paused():  # verification builds many small objects too (see the passes')
-        return _optimize(load_verified(model), passes=passes, debug=debug, opset=opset)
+    with collector_paused():  # also while the passes are built: a collection then would scan the model
+        run = Optimization(passes, debug=debug, opset=opset, progress=progress)
+        return run(run.load(model))
 
 
 def infer_shapes(model: Any, *, strict: bool = False):

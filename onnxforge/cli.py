@@ -67,15 +67,21 @@ def _wire_source(source: str) -> Any:
     return source
 
 
+def _builtin(source: str):
+    """The IR model of ``builtin:NAME``."""
+    from onnxforge.samples import build_builtin
+
+    return build_builtin(source[len(_BUILTIN):])
+
+
 def _load_ir(source: str, *, verified: bool = False):
     """The IR model of ``source``; ``verified`` checks the static rules first (on the
-    wire for a file, so that nothing the IR cannot hold escapes the check)."""
+    wire for a file, so that nothing the IR cannot hold escapes the check; the file is
+    read once, the IR decoded from the message the rules checked)."""
     from onnxforge.api import load, load_verified
 
     if source.startswith(_BUILTIN):
-        from onnxforge.samples import build_builtin
-
-        model = build_builtin(source[len(_BUILTIN):])
+        model = _builtin(source)
         return load_verified(model) if verified else model
     return load_verified(source) if verified else load(source)
 
@@ -219,13 +225,11 @@ def _cmd_optimize(args: argparse.Namespace) -> int:
 
     from tqdm import tqdm
 
-    from onnxforge.api import save
-    from onnxforge.passes.framework.pipeline import default_pass_manager, pipeline_for_opset
+    from onnxforge.api import Optimization, save
 
     output = _output_file(args.output)
     _refuse_clobbering(args.model, output)
     given = _pass_names(args.passes)
-    names: list[Any] = pipeline_for_opset(args.opset) if given is None else list(given)
     bar = None
 
     def progress(record) -> None:
@@ -233,20 +237,21 @@ def _cmd_optimize(args: argparse.Namespace) -> int:
             bar.set_postfix_str(f"{record.name}: {record.nodes_after} nodes")
             bar.update(1)
 
-    # unknown pass names fail here, before the model is loaded
-    pm = default_pass_manager(names, debug=args.debug, progress=progress)
+    # the steps of onnxforge.optimize; unknown pass names fail here, before the model is loaded
+    run = Optimization(given, debug=args.debug, opset=args.opset, progress=progress)
     from onnxforge.progress import is_large, stages
 
     t0 = time.perf_counter()
     with stages("load", ["verify and load"], enabled=not args.quiet and is_large(args.model)) as step:
         step("verify and load")
-        model = _load_ir(args.model, verified=True)
+        model = _builtin(args.model) if args.model.startswith(_BUILTIN) else args.model
+        model = run.load(model)
     load_s = time.perf_counter() - t0
     before = _model_stats(model)
-    bar = tqdm(total=len(names), desc="optimize", unit="pass", file=sys.stderr,
+    bar = tqdm(total=len(run.manager.passes), desc="optimize", unit="pass", file=sys.stderr,
                disable=args.quiet or before["nodes"] < PROGRESS_MIN_NODES)
     try:
-        pm(model)
+        run(model)
     finally:
         bar.close()
     after = _model_stats(model)
@@ -264,7 +269,7 @@ def _cmd_optimize(args: argparse.Namespace) -> int:
               "before": before, "after": after,
               "passes": [{"name": r.name, "seconds": round(r.seconds, 4), "modified": r.modified,
                           "nodes_before": r.nodes_before, "nodes_after": r.nodes_after}
-                         for r in pm.records],
+                         for r in run.records],
               "output": output,
               "sidecar": sidecar.to_json() if sidecar is not None else None}
     if args.json:
@@ -274,7 +279,7 @@ def _cmd_optimize(args: argparse.Namespace) -> int:
     for key in ("nodes", "initializers", "initializer_bytes"):
         print(f"{key:<20} {before[key]:>14,} {after[key]:>14,}")
     print()
-    print(pm.report())
+    print(run.report())
     if sidecar is not None:
         for path in sidecar.copied.values():
             print(f"copied {path}")
@@ -402,21 +407,10 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     from onnxforge.commands.generate import generate_command
 
     label = args.model
-    if str(args.model).startswith(_BUILTIN):  # a path stays a path: genai_config.json sits beside it
-        args.model = _load_ir(args.model, verified=True)
-    else:
-        _verify_file(args.model)
+    if not str(args.model).startswith(_BUILTIN):  # genai_config.json sits beside the file
+        args.config_from = args.model
+    args.model = _load_ir(args.model, verified=True)
     return generate_command(args, label=label)
-
-
-def _verify_file(path: str) -> None:
-    """Raise VerificationError when the model file at ``path`` breaks a static rule
-    (checked on the wire, before anything builds its IR)."""
-    from onnxforge.api import check
-
-    violations = check(path)
-    if violations:
-        raise VerificationError(violations)
 
 
 def _bind_pairs(specs: list[str] | None) -> dict[str, str] | None:

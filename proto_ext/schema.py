@@ -55,6 +55,7 @@ __all__ = [
     "from_onnx",
     "to_onnx",
     "model_file_error",
+    "model_message_bytes",
     "parse_model",
     "read_model",
 ]
@@ -341,12 +342,26 @@ def read_model(source: Any, model_dir: str | os.PathLike[str] | None = None
         return parse_model(data), folder if folder is not None else os.path.dirname(os.path.abspath(path))
     if isinstance(source, (bytes, bytearray, memoryview)):
         return parse_model(source), folder
-    full_name = getattr(getattr(source, "DESCRIPTOR", None), "full_name", None)
+    full_name = _model_message(source)
     if full_name == f"{PACKAGE}.ModelProto":
         return source, folder
-    if full_name == "onnx.ModelProto":
-        return from_onnx(source), folder
+    return from_onnx(source), folder
+
+
+def _model_message(source: Any) -> str:
+    """The full name of ``source``'s class when it is a stock or extended ModelProto;
+    ``TypeError`` (a model is a path, bytes or a ModelProto) otherwise."""
+    full_name = getattr(getattr(source, "DESCRIPTOR", None), "full_name", None)
+    if full_name in (f"{PACKAGE}.ModelProto", "onnx.ModelProto"):
+        return full_name
     raise TypeError(f"expected a model path, bytes or a ModelProto, got {type(source).__name__}")
+
+
+def model_message_bytes(source: Any) -> bytes:
+    """The wire bytes of a stock or extended ``ModelProto`` message (what a loader parses);
+    ``TypeError``, as :func:`read_model` raises it, for any other object."""
+    _model_message(source)
+    return source.SerializeToString()
 
 
 def from_onnx(msg: Message) -> Message:

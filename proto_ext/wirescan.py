@@ -18,6 +18,11 @@ module avoids that for the payloads that matter:
   with given payloads re-inserted as ``raw_data`` where protobuf's own serializer
   places that field. Payloads are handed to ``fh.write`` as they are and never
   concatenated with other bytes.
+* :func:`external_locations` lists the ``location`` of every external-data reference
+  of a serialized model (the data files it needs), reading only the messages that can
+  hold a tensor: no payload is read, no protobuf object is built.
+* :func:`map_model_file` memory-maps a model file for these functions, and
+  :func:`release_map` closes such a map unless a payload view still pins it.
 
 Scope. Only two paths are rewritten:
 
@@ -48,6 +53,8 @@ Keeping views. A memoryview into an ``mmap`` pins the mapping: release the views
 from __future__ import annotations
 
 import mmap
+import os
+from bisect import bisect_left
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import IO, Final, Literal, Union
@@ -60,7 +67,10 @@ __all__ = [
     "PayloadKind",
     "PayloadRef",
     "StrippedModel",
+    "external_locations",
+    "map_model_file",
     "payload_views",
+    "release_map",
     "strip_payloads",
     "write_model",
 ]
@@ -432,6 +442,108 @@ def payload_views(data: BytesLike, stripped: StrippedModel) -> dict[tuple[str, i
     return out
 
 
+# --------------------------------------------------------------------------- external references
+
+# The messages on the paths from a ModelProto to its tensors, and for each the fields
+# that lead on: {kind: {field number: kind of that field's message}} (onnx.proto and
+# DESIGN.md's extension numbers). Nothing else is descended into.
+_MODEL, _TRAINING, _GRAPH, _NODE, _FUNCTION, _ATTRIBUTE, _SPARSE, _TENSOR = range(8)
+_ENCODED, _AFFINE, _STRUCT, _STRUCTURE, _FIELD, _ENTRY = range(8, 14)
+_LEADS: Final[dict[int, dict[int, int]]] = {
+    _MODEL: {7: _GRAPH, 20: _TRAINING, 25: _FUNCTION, 1000: _STRUCT},
+    _TRAINING: {1: _GRAPH, 2: _GRAPH},  # initialization, algorithm
+    _GRAPH: {1: _NODE, 5: _TENSOR, 15: _SPARSE, _GRAPH_ENCODED_INITIALIZER: _ENCODED},
+    _NODE: {5: _ATTRIBUTE},
+    _FUNCTION: {7: _NODE, 11: _ATTRIBUTE},  # node, attribute_proto (default values)
+    _ATTRIBUTE: {5: _TENSOR, 6: _GRAPH, 10: _TENSOR, 11: _GRAPH, 22: _SPARSE, 23: _SPARSE},
+    _SPARSE: {1: _TENSOR, 2: _TENSOR},  # values, indices
+    _TENSOR: {13: _ENTRY},  # external_data
+    _ENCODED: {1: _AFFINE, 2: _STRUCT, 5: _ENTRY},  # affine, struct_type, external_data
+    _AFFINE: {2: _TENSOR, 3: _TENSOR},  # scale, zero_point
+    _STRUCT: {2: _STRUCTURE, 5: _FUNCTION, 6: _FUNCTION},  # structure, decoder, encoder
+    _STRUCTURE: {1: _FIELD},
+    _FIELD: {4: _TENSOR},  # constant
+}
+_LOCATION: Final = b"location"
+
+
+def _offsets(data: BytesLike, word: bytes) -> list[int] | None:
+    """Where ``word`` starts in ``data``, in order (a C-speed search); None when ``data``
+    cannot be searched without a copy (a memoryview)."""
+    find = getattr(data, "find", None)
+    if find is None:
+        return None
+    out: list[int] = []
+    at = find(word)
+    while at >= 0:
+        out.append(at)
+        at = find(word, at + 1)
+    return out
+
+
+def _spells(hits: list[int], start: int, end: int) -> bool:
+    """Whether one of the offsets ``hits`` lies in ``[start, end)``: only a message whose
+    bytes spell ``location`` can hold an external reference."""
+    i = bisect_left(hits, start)
+    return i < len(hits) and hits[i] < end
+
+
+def _entry(buf: memoryview, start: int, end: int) -> tuple[bytes, bytes]:
+    """``(key, value)`` of a StringStringEntryProto (the last of a repeated field wins)."""
+    key = value = b""
+    pos = start
+    while pos < end:
+        k, vstart, pos = _next_field(buf, pos, end)
+        if k == (1 << 3) | _LEN:
+            key = bytes(buf[vstart:pos])
+        elif k == (2 << 3) | _LEN:
+            value = bytes(buf[vstart:pos])
+    return key, value
+
+
+def external_locations(data: BytesLike) -> list[str]:
+    """The ``location`` of every external-data reference of a serialized ModelProto: the
+    data files it needs, relative to its folder, each once, in the order they appear.
+
+    Every tensor that can refer to external data is read: initializers (dense, sparse,
+    encoded, and an encoded value's affine scale and zero point), tensor attributes of
+    nodes, in the main graph, its subgraphs, local functions, training graphs and struct
+    types' constants and codec functions. Only those messages are descended into, and
+    only when their bytes spell ``location`` (found by one search of ``data`` first,
+    unless it is a memoryview): other fields and every payload are skipped by their
+    length, and no protobuf object is built. A model whose bytes never spell
+    ``location`` is answered by that search alone::
+
+        external_locations(mapping)   # ['model.onnx.data']
+
+    Raises :class:`WireError` for malformed bytes on the scanned path."""
+    hits = _offsets(data, _LOCATION)
+    if hits is not None and not hits:
+        return []
+    buf = _as_view(data)
+    found: dict[str, None] = {}
+    try:
+        stack = [(_MODEL, 0, len(buf))]
+        while stack:
+            kind, pos, end = stack.pop()
+            if kind == _ENTRY:
+                name, value = _entry(buf, pos, end)
+                if name == _LOCATION:
+                    found.setdefault(value.decode("utf-8", "surrogateescape"), None)
+                continue
+            leads = _LEADS[kind]
+            children: list[tuple[int, int, int]] = []
+            while pos < end:
+                key, vstart, pos = _next_field(buf, pos, end)
+                child = leads.get(key >> 3) if key & 7 == _LEN else None
+                if child is not None and (hits is None or _spells(hits, vstart, pos)):
+                    children.append((child, vstart, pos))
+            stack.extend(reversed(children))  # depth first, in wire order
+    finally:
+        buf.release()
+    return list(found)
+
+
 # --------------------------------------------------------------------------- writing
 
 
@@ -630,3 +742,29 @@ def _write_plan(fh: IO[bytes], skel: memoryview, plan: list[_Piece | _Payload]) 
     if pending:
         total += _write_all(fh, _join(skel, pending))
     return total
+
+
+# --------------------------------------------------------------------------- files
+
+
+def map_model_file(path: str | os.PathLike[str]) -> mmap.mmap:
+    """A read-only memory map of the model file at ``path``, for :func:`strip_payloads`
+    and :func:`external_locations`; close it with :func:`release_map`.
+
+    Raises :class:`WireError` for an empty file (it holds no model and cannot be
+    mapped) and ``OSError`` as ``open`` and ``mmap`` raise it: callers say which file
+    it was in their own terms."""
+    path = os.fspath(path)
+    with open(path, "rb") as fh:
+        if os.fstat(fh.fileno()).st_size == 0:
+            raise WireError(f"{path!r} is empty: not an ONNX model")
+        return mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+
+
+def release_map(mapping: mmap.mmap) -> None:
+    """Close ``mapping`` unless a view into it (a payload of a loaded model) is still
+    alive; the map is then unmapped with the last view."""
+    try:
+        mapping.close()
+    except BufferError:
+        pass

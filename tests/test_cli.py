@@ -254,6 +254,54 @@ def test_api_optimize_accepts_a_valid_model_unchanged_in_behaviour(tmp_path):
     of.verify(out)
 
 
+
+# ------------------------------------------------------------- one read of the model file
+
+
+def test_optimize_command_reads_the_model_once(tmp_path, capsys, monkeypatch):
+    # onnxforge optimize runs onnxforge.optimize's steps: one map, payload scan and parse
+    from onnxforge.passes.framework.pipeline import DEFAULT_PIPELINE
+    from tests.graphbuilder.serde.test_one_load import ONCE, Reads, _model
+
+    path = _write(tmp_path, _model())
+    reads = Reads(monkeypatch, path)
+    assert main(["optimize", path, "-o", str(tmp_path / "o.onnx"), "--json", "-q"]) == 0
+    assert reads.counts == ONCE
+    report = json.loads(capsys.readouterr().out)
+    assert list(report) == ["load_seconds", "save_seconds", "before", "after", "passes", "output", "sidecar"]
+    assert [p["name"] for p in report["passes"]] == list(DEFAULT_PIPELINE)
+    assert list(report["passes"][0]) == ["name", "seconds", "modified", "nodes_before", "nodes_after"]
+    assert report["before"] == {"nodes": 2, "initializers": 2, "initializer_bytes": 4096 + 1024}
+
+
+def test_optimize_command_copies_sidecars_without_onnx_load(tmp_path, capsys, monkeypatch):
+    from tests.passes.export.test_sidecar import _genai_folder
+
+    src = _genai_folder(tmp_path / "src")
+    for name in ("load", "load_model"):
+        monkeypatch.setattr("onnx." + name, lambda *a, **k: pytest.fail("onnx.load called"))
+    out = tmp_path / "out" / "model.onnx"
+    assert main(["optimize", str(src), "-o", str(out), "--json", "-q"]) == 0
+    sidecar = json.loads(capsys.readouterr().out)["sidecar"]
+    assert list(sidecar["copied"]) == ["tokenizer.json"]  # weights.bin is the source model's data
+    assert sorted(p.name for p in out.parent.iterdir()) == ["genai_config.changes.json", "genai_config.json",
+                                                            "model.onnx", "model.onnx.data", "tokenizer.json"]
+
+
+def test_generate_command_reads_the_model_once_and_its_config_beside_it(tmp_path, monkeypatch):
+    from onnxforge.commands import generate as gen
+    from onnxforge.graphbuilder.ir.core import Model
+    from tests.graphbuilder.serde.test_one_load import ONCE, Reads, _model
+
+    path = _write(tmp_path, _model())
+    calls = []
+    monkeypatch.setattr(gen, "generate", lambda model, *a, **k: calls.append((model, k)) or {"tokens": []})
+    reads = Reads(monkeypatch, path)
+    assert main(["generate", path, "--prompt-ids", "1", "--new", "1", "--json", "-q"]) == 0
+    assert reads.counts == ONCE
+    (model, kwargs), = calls
+    assert isinstance(model, Model) and kwargs["config_from"] == path
+
 # ---------------------------------------------------------------------- output paths
 
 

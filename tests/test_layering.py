@@ -524,7 +524,7 @@ def test_layers_stay_within_their_line_budget():
     assert bad == [], "\n".join(bad)
 
 
-@pytest.mark.xfail(strict=True, reason="proto_ext/wirescan.py:226 and proto_ext/wirescan.py:304 share 12 lines "
+@pytest.mark.xfail(strict=True, reason="proto_ext/wirescan.py:236 and proto_ext/wirescan.py:314 share 12 lines "
                    "(the inline read of a length prefix); remove this mark once it is shared")
 def test_no_code_is_copied():
     bad = copied_runs(_tree_sources())

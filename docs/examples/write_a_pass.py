@@ -14,6 +14,7 @@ from onnxforge import GraphBuilder
 from onnxforge.graphbuilder.ir.core import Model, Node
 from onnxforge.graphbuilder.serde import to_onnx
 from onnxforge.passes import (
+    ALL,
     DEFAULT_RULES,
     Pass,
     PassManager,
@@ -66,6 +67,10 @@ class DropoutEliminationPass(Pass):
     """
 
     name = "example_dropout_elimination"
+    # what a change breaks, and what stays valid: removing nodes changes every analysis
+    invalidates = ALL
+    preserves = ()
+    declares_storage = False  # it never adds an alias, a READ_WRITE input or a binding
     runs_after = ("inline",)  # inlined function bodies may hold Dropout nodes too
 
     def call(self, model: Model) -> PassResult:

@@ -5,7 +5,10 @@ This package is the only part of ``graphbuilder`` that touches protobuf.
 Loading from a file memory-maps it, strips the main graph's inline payloads of
 at least 1 KiB from the wire bytes (:mod:`onnxforge.proto_ext.wirescan`),
 parses the small remainder and gives each stripped tensor a read-only
-memoryview into the mapping: no payload is copied. External data is mapped
+memoryview into the mapping: no payload is copied. ``load(source, verify=True)``
+checks every static rule on that parsed message before it builds any IR
+(:func:`onnxforge.proto_ext.verify.source.parsed_violations`), so a verified load
+maps, scans and parses the model once. External data is mapped
 too (:mod:`onnxforge.proto_ext.external`), after its location has been
 checked; a payload is never read during loading, so a model with terabytes of
 external data loads in the time its graph takes.
@@ -36,20 +39,25 @@ from __future__ import annotations
 import contextlib
 import gc
 import io
-import mmap
 import os
 import tempfile
 from typing import IO, Any, Union
 
 import onnx
 
-from onnxforge.proto_ext.errors import WireError
+from onnxforge.proto_ext.errors import VerificationError, WireError
 from onnxforge.graphbuilder.ir.core import Model
 from onnxforge.graphbuilder.serde._decode import Decoder
 from onnxforge.graphbuilder.serde._encode import Encoder, PayloadPlan
 from onnxforge.proto_ext import schema
 from onnxforge.proto_ext.external import ExternalDataCache
-from onnxforge.proto_ext.wirescan import payload_views, strip_payloads, write_model
+from onnxforge.proto_ext.wirescan import (
+    map_model_file,
+    payload_views,
+    release_map,
+    strip_payloads,
+    write_model,
+)
 
 __all__ = [
     "Source",
@@ -93,24 +101,40 @@ def _no_gc():
             gc.enable()
 
 
-def _parse_checked(skeleton: bytes) -> tuple[Any, bool]:
-    """Parse a serialized ModelProto; ``clean`` is True when no message holds unknown fields.
+def _parse_checked(mp: Any, skeleton: bytes) -> tuple[Any, bool]:
+    """``mp`` (the ModelProto parsed from ``skeleton``) and ``clean``: True when no
+    message of it holds unknown fields.
 
-    The check discards unknown fields and serializes again: identical bytes prove
-    that nothing was discarded. Otherwise (unknown fields, or bytes that another
-    writer encoded differently) the bytes are parsed again, unknown fields kept,
-    and every message is probed on its own."""
-    mp = schema.parse_model(skeleton)
+    The check discards unknown fields and serializes again: identical bytes prove that
+    nothing was discarded, and ``mp`` is returned, so a model without unknown fields is
+    parsed once. Otherwise the bytes are parsed a second time, unknown fields kept, and
+    every message is probed on its own: that second parse is what a model holding
+    unknown fields costs (bytes that another writer encoded otherwise than protobuf's
+    serializer, which the comparison cannot tell from them, pay it too). The discard
+    changes ``mp``: whatever reads its unknown fields (rule W1 of the verifier) runs
+    before this."""
     mp.DiscardUnknownFields()
     if mp.SerializeToString() == skeleton:
         return mp, True
     return schema.parse_model(skeleton), False
 
 
-def _decode_data(data: Any, model_dir: str | None) -> Model:
-    stripped = strip_payloads(data, min_size=STRIP_MIN)
+def _decode_data(data: Any, model_dir: str | None, *, verify: bool = False) -> Model:
+    """The IR of serialized model bytes: stripped, parsed once, verified on that parse
+    when asked (every violation raised before any IR is built), then decoded."""
+    if verify:
+        from onnxforge.proto_ext.verify.source import parsed_violations, strip_source
+
+        stripped = strip_source(data, STRIP_MIN)
+    else:
+        stripped = strip_payloads(data, min_size=STRIP_MIN)
     views = payload_views(data, stripped) if stripped.payloads else {}
-    mp, clean = _parse_checked(stripped.skeleton)
+    mp = schema.parse_model(stripped.skeleton)
+    if verify:
+        violations = parsed_violations(mp, views, model_dir)
+        if violations:
+            raise VerificationError(violations)
+    mp, clean = _parse_checked(mp, stripped.skeleton)
     cache = ExternalDataCache(model_dir) if model_dir is not None else None
     try:
         with _no_gc():
@@ -120,45 +144,47 @@ def _decode_data(data: Any, model_dir: str | None) -> Model:
             cache.close()
 
 
-def from_bytes(data: bytes | bytearray | memoryview, *, model_dir: PathLike | None = None) -> Model:
+def from_bytes(data: bytes | bytearray | memoryview, *, model_dir: PathLike | None = None,
+               verify: bool = False) -> Model:
     """IR model from serialized (extended) ModelProto bytes.
 
     Large inline payloads become views into ``data`` (keep it unmodified while
     the model lives). External data is resolved against ``model_dir``; without
-    it external tensors keep their reference but no payload."""
+    it external tensors keep their reference but no payload. ``verify``: see :func:`load`."""
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise TypeError(f"from_bytes expects bytes-like data, got {type(data).__name__}")
-    return _decode_data(data, None if model_dir is None else os.fspath(model_dir))
+    return _decode_data(data, None if model_dir is None else os.fspath(model_dir), verify=verify)
 
 
-def from_proto(msg: Any, *, model_dir: PathLike | None = None) -> Model:
+def from_proto(msg: Any, *, model_dir: PathLike | None = None, verify: bool = False) -> Model:
     """IR model from a ModelProto message (extended class, or stock ``onnx.ModelProto``).
 
-    The message is not modified; the model shares nothing with it."""
+    The message is not modified; the model shares nothing with it. It is serialized
+    once and loaded like bytes. ``verify``: see :func:`load`."""
+    if verify:
+        return from_bytes(schema.model_message_bytes(msg), model_dir=model_dir, verify=True)
     if not hasattr(msg, "SerializeToString") or getattr(msg, "DESCRIPTOR", None) is None \
             or msg.DESCRIPTOR.name != "ModelProto":
         raise TypeError(f"from_proto expects a ModelProto, got {type(msg).__name__}")
     return from_bytes(msg.SerializeToString(), model_dir=model_dir)
 
 
-def _load_path(path: PathLike, model_dir: PathLike | None) -> Model:
+def _load_path(path: PathLike, model_dir: PathLike | None, verify: bool) -> Model:
     path = os.fspath(path)
     folder = os.fspath(model_dir) if model_dir is not None else os.path.dirname(os.path.abspath(path))
-    with open(path, "rb") as fh:
-        size = os.fstat(fh.fileno()).st_size
-        if size == 0:
-            raise WireError(f"{path!r} is empty: not an ONNX model")
-        mapping = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
     try:
-        return _decode_data(mapping, folder)
+        mapping = map_model_file(path)
+    except OSError as exc:
+        if not verify:
+            raise
+        raise schema.model_file_error(path, exc) from None
+    try:
+        return _decode_data(mapping, folder, verify=verify)
     finally:
-        try:
-            mapping.close()  # only succeeds when no payload view refers to it
-        except BufferError:
-            pass
+        release_map(mapping)  # unmapped now, or with the last payload view of the model
 
 
-def load(source: Source, *, model_dir: PathLike | None = None) -> Model:
+def load(source: Source, *, model_dir: PathLike | None = None, verify: bool = False) -> Model:
     """Load a model from a path, bytes, or a ModelProto (stock or extended).
 
     From a path the file is memory-mapped and ``model_dir`` defaults to its
@@ -167,14 +193,23 @@ def load(source: Source, *, model_dir: PathLike | None = None) -> Model:
     external locations raise :class:`~onnxforge.errors.ExternalDataError`
     before any payload byte is read; a persistent binding that names no graph
     input/output raises :class:`~onnxforge.errors.VerificationError` (rule B2).
-    Loading does not otherwise verify the model."""
+
+    ``verify=True`` checks every static rule (the wire checks and X1 included) on
+    the message the model is decoded from, before any IR is built or any external
+    payload is mapped: :class:`~onnxforge.errors.VerificationError` lists every
+    violation. The model is mapped, scanned and parsed once all the same (a model
+    that holds unknown fields is parsed a second time, to keep them). A path
+    that cannot be opened then raises :class:`~onnxforge.errors.ModelFileError`, a
+    malformed model :class:`~onnxforge.errors.WireError` ``cannot parse ModelProto``,
+    as :func:`~onnxforge.proto_ext.verify.source.source_violations` reports them.
+    Without it loading does not otherwise verify the model."""
     if isinstance(source, (str, os.PathLike)):
-        return _load_path(source, model_dir)
+        return _load_path(source, model_dir, verify)
     if isinstance(source, (bytes, bytearray, memoryview)):
-        return from_bytes(source, model_dir=model_dir)
+        return from_bytes(source, model_dir=model_dir, verify=verify)
     if isinstance(source, Model):
         raise TypeError("load expects a path, bytes or a ModelProto, got an IR Model")
-    return from_proto(source, model_dir=model_dir)
+    return from_proto(source, model_dir=model_dir, verify=verify)
 
 
 def _encode(model: Model, plan: PayloadPlan) -> Any:

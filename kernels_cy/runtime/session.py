@@ -97,27 +97,25 @@ def _type_string(t: Any) -> str:
 
 def _load(model: Any) -> Model:
     """The IR of ``model`` once it keeps every static rule (X1 and X2 included), checked
-    before anything is compiled: a path or bytes on its wire view before the IR is built,
-    an IR model on its own view, never serialized. A model that breaks a rule raises
+    before anything is compiled: a path, bytes or a ModelProto on the message its IR is
+    then decoded from (read and parsed once, before the IR is built), an IR model on its
+    own view, never serialized. A model that breaks a rule raises
     :class:`VerificationError` naming the rule and the path, never an error from deep
     inside the compiler."""
-    from onnxforge.proto_ext.verify.source import source_violations
-
     if isinstance(model, Model):
-        source: Any = model
-    elif isinstance(model, (str, os.PathLike, bytes, bytearray, memoryview)) or hasattr(model, "SerializeToString"):
-        source = model
-    else:
+        from onnxforge.proto_ext.verify.source import source_violations
+
+        violations = source_violations(model)
+        if violations:
+            raise VerificationError(violations)
+        return model
+    if not isinstance(model, (str, os.PathLike, bytes, bytearray, memoryview)) \
+            and not hasattr(model, "SerializeToString"):
         raise BackendError(f"InferenceSession needs an IR Model, a ModelProto, bytes or a path, "
                            f"got {type(model).__name__}")
-    violations = source_violations(source)
-    if violations:
-        raise VerificationError(violations)
-    if isinstance(model, Model):
-        return model
     from onnxforge.graphbuilder import serde
 
-    return serde.load(model)
+    return serde.load(model, verify=True)
 
 
 @dataclass(slots=True)

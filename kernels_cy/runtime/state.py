@@ -68,6 +68,7 @@ from typing import Any, cast
 
 import numpy as np
 from onnxforge.graphbuilder.ir.core import READ_WRITE, Model, Value
+from onnxforge.graphbuilder.ir.storage import Storage
 from onnxforge.kernels_cy.errors import (
     StateAliasError,
     StateBusyError,
@@ -171,18 +172,10 @@ def _read_only(value: Any) -> Any:
     return value  # a runtime object: its own API guards its storage
 
 
-def _root(v: Value) -> Value:
-    seen = 0
-    while True:
-        nxt = v.aliased_input()
-        if nxt is None or seen > 10_000:
-            return v
-        v, seen = nxt, seen + 1
-
-
 def _resolve(model: Model) -> list[Binding]:
     g = model.graph
     out: list[Binding] = []
+    storage = Storage(model)  # alias roots: the one resolution (proto_ext.aliasing)
     seen_in: set[str] = set()
     seen_out: set[str] = set()
     for inp, outp in g.bindings:
@@ -194,7 +187,7 @@ def _resolve(model: Model) -> list[Binding]:
         t = inp.type
         rw = inp.access == READ_WRITE
         if isinstance(t, StructType):
-            out.append(Binding(inp.name, outp.name, None, None, rw, rw and _root(outp) is inp))
+            out.append(Binding(inp.name, outp.name, None, None, rw, rw and storage.root(outp) is inp))
             continue
         if not isinstance(t, TensorType):
             raise StateInitError(f"graph.bindings[{inp.name!r} <- {outp.name!r}]: only tensor and struct "
@@ -206,7 +199,7 @@ def _resolve(model: Model) -> list[Binding]:
                                  f"be held as state ({e})") from None
         if dtype == np.dtype(object):
             raise StateInitError(f"graph.bindings[{inp.name!r}]: string tensors cannot be persistent")
-        out.append(Binding(inp.name, outp.name, dtype, t.shape, rw, rw and _root(outp) is inp))
+        out.append(Binding(inp.name, outp.name, dtype, t.shape, rw, rw and storage.root(outp) is inp))
     return out
 
 

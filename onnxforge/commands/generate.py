@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -124,8 +125,13 @@ def _capacity(state: Any) -> int | None:
 
 def generate(model: Model | str, prompt: list[int], new: int, *, threads: int | None = None,
              progress: bool = True, cache: dict[str, Any] | None = None,
-             warn: Callable[[str], None] | None = None) -> dict[str, Any]:
+             warn: Callable[[str], None] | None = None,
+             config_from: str | os.PathLike[str] | None = None) -> dict[str, Any]:
     """Decode ``new`` tokens after ``prompt`` greedily; returns the per-step report.
+
+    ``config_from``: the model file whose folder's ``genai_config.json`` applies (default:
+    ``model`` when it is a path; the command line loads the file verified and passes its
+    IR with the path here, so the file is read once).
 
     ``cache``: ``make_stateful`` keywords for a model that is converted first
     (``{"cache": "paged", "page_size": 16, "formats": "float32,int8"}``); with a paged
@@ -142,11 +148,12 @@ def generate(model: Model | str, prompt: list[int], new: int, *, threads: int | 
 
     if new < 1:
         raise FeedError(f"--new must be a positive int, got {new!r}")
-    config = None
+    if config_from is None and not isinstance(model, Model):
+        config_from = model
+    config = read_genai_config(config_from) if config_from is not None else None
     if not isinstance(model, Model):
         from onnxforge.graphbuilder import serde
 
-        config = read_genai_config(model)
         model = serde.load(model)
     asked, clamped = new, None
     context = _context(model, config)
@@ -220,7 +227,8 @@ def generate_command(args: argparse.Namespace, label: str | None = None) -> int:
     """Run ``generate`` for ``args.model`` (a path or an IR model); returns the exit status."""
     report = generate(args.model, _prompt(args), int(args.new), threads=args.threads,
                       progress=not getattr(args, "quiet", False), cache=cache_options(args),
-                      warn=lambda message: print(f"warning: {message}", file=sys.stderr, flush=True))
+                      warn=lambda message: print(f"warning: {message}", file=sys.stderr, flush=True),
+                      config_from=getattr(args, "config_from", None))
     if args.json:
         print(json.dumps(report))
         return 0

@@ -26,7 +26,7 @@ from onnxforge.graphbuilder.shapes.symtensor import ShapeError
 from onnxforge.passes.analyses.shapes import ShapesAnalysis
 from onnxforge.passes.framework.analysis_manager import Analysis, AnalysisManager, register_analysis
 from onnxforge.passes.framework.invariants import containers
-from onnxforge.passes.framework.pass_manager import Pass, PassResult, register_pass
+from onnxforge.passes.framework.pass_manager import ALL, Pass, PassResult, register_pass
 
 __all__ = ["AliasAnalysis", "AliasAnalysisPass", "AliasRoots", "alias_roots"]
 
@@ -60,6 +60,7 @@ class AliasAnalysis(Analysis[AliasRoots]):
         return AliasRoots(MappingProxyType(_resolve(model, ctx)))
 
     def fingerprint(self, result: AliasRoots) -> Hashable:
+        """Every aliased value and its root."""
         return frozenset((id(v), id(r)) for v, r in result.roots.items())
 
 
@@ -99,6 +100,9 @@ class AliasAnalysisPass(Pass):
     manager's cache (analysis ``aliases``). The model is not changed."""
 
     name = "alias_analysis"
+    # it never changes the model
+    invalidates = ()
+    preserves = ALL
 
     def call(self, model: Model) -> PassResult:
         analyses = self.analyses if self.analyses is not None else AnalysisManager(model)

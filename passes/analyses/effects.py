@@ -82,6 +82,19 @@ class EffectsAnalysis(Analysis[Effects]):
         return effect_analysis(model)
 
     def fingerprint(self, result: Effects) -> Hashable:
-        """Whether the model declares storage, and the roots and versions of the aliased
-        values (writers and side effects follow them)."""
-        return result.stateless, frozenset((id(v), id(r), result.version(v)) for v, r in result.aliased().items())
+        """What passes ask it, over the model as it is: whether the model declares storage,
+        the in-place writers recorded, each aliased value's root and version, the values
+        in state and the nodes with side effects (objects by identity)."""
+        stateless, writers = result.stateless, frozenset(
+            (id(v), id(n)) for v, n in result.writers().items())  # before a question rebuilds it
+        aliased = frozenset((id(v), id(r), result.version(v)) for v, r in result.aliased().items())
+        state: set[int] = set()
+        effects: set[int] = set()
+        for c in containers(result.model):
+            values = list(c.inputs) + ([*c.all_initializers()] if isinstance(c, Graph) else [])
+            for n in c:
+                values.extend(n.outputs)
+                if result.has_side_effects(n):
+                    effects.add(id(n))
+            state.update(id(v) for v in values if result.is_state(v))
+        return stateless, writers, aliased, frozenset(state), frozenset(effects)

@@ -223,6 +223,8 @@ class LivenessAnalysis(Analysis[ModelLiveness]):
         return ModelLiveness(model, MappingProxyType(out))
 
     def fingerprint(self, result: ModelLiveness) -> Hashable:
+        """Per container: the schedule, the releases after each step, every last use and
+        every storage owner."""
         return tuple(sorted((id(c), _liveness_key(live)) for c, live in result.by_container.items()))
 
 

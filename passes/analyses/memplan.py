@@ -203,7 +203,11 @@ class MemoryPlanAnalysis(Analysis[MemoryPlan]):
         return memory_plan(model, ctx, effects=fx, live=live)
 
     def fingerprint(self, result: MemoryPlan) -> Hashable:
+        """Every field: the schedule, each value's kind and buffer, the byte counts (sizes
+        as text: symbolic ones compare by their expression) and what was not counted."""
         return (tuple(id(n) for n in result.order), tuple(map(str, result.step_bytes)),
-                str(result.allocated_bytes), str(result.state_bytes),
+                str(result.peak_bytes), str(result.allocated_bytes), str(result.state_bytes),
                 frozenset((id(v), k) for v, k in result.kind.items()),
-                frozenset(id(v) for v in result.unknown))
+                frozenset((id(v), str(b)) for v, b in result.buffers.items()),
+                tuple(id(v) for v in result.unknown), tuple(id(n) for n in result.nested),
+                result.exact)

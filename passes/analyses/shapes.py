@@ -19,10 +19,12 @@ from __future__ import annotations
 
 from collections.abc import Hashable
 
-from onnxforge.graphbuilder.ir.core import Model
+from onnxforge.graphbuilder.ir.core import Graph, Model
 from onnxforge.graphbuilder.shapes.context import ShapesContext
+from onnxforge.graphbuilder.shapes.symtensor import ShapeError
 from onnxforge.passes.framework.analysis_manager import Analysis, AnalysisManager, register_analysis
-from onnxforge.passes.framework.pass_manager import Pass, PassResult, register_pass
+from onnxforge.passes.framework.invariants import containers
+from onnxforge.passes.framework.pass_manager import ALL, Pass, PassResult, register_pass
 
 __all__ = ["ShapeInferencePass", "ShapesAnalysis"]
 
@@ -50,7 +52,21 @@ class ShapesAnalysis(Analysis[ShapesContext]):
                              storage=effects).infer_graph()
 
     def fingerprint(self, result: ShapesContext) -> Hashable:
-        return frozenset((id(v), str(t)) for v, t in result.values())
+        """The type it gives each value of the model (inputs, initializers and node outputs
+        of every graph and function body; as text, symbolic dims by their expression). A
+        value it has not met yet gets its declared type, as when a pass asks; asked of a
+        copy, so that the result stays as it was."""
+        ask = result.scratch()
+        out: list[tuple[int, str]] = []
+        for c in containers(result.model):
+            values = [*c.inputs, *(c.all_initializers() if isinstance(c, Graph) else ()),
+                      *(o for n in c for o in n.outputs)]
+            for v in values:
+                try:
+                    out.append((id(v), str(ask.type_of(v))))
+                except ShapeError as exc:  # a declared type its initializer contradicts
+                    out.append((id(v), f"ShapeError: {exc}"))
+        return frozenset(out)
 
 
 def _snapshot(model: Model) -> list[object]:
@@ -61,11 +77,13 @@ def _snapshot(model: Model) -> list[object]:
 class ShapeInferencePass(Pass):
     """Infer every value's type (symbolic shapes) into ``Value.type``.
 
-    Writing types changes no structure: only the ``shapes`` analysis (and what was
-    computed from it) is dropped when types change."""
+    Writing types changes no structure: when types change, the ``shapes`` analysis and
+    the memory plan are dropped; alias roots, effects and liveness, which read no
+    type, stay valid."""
 
     name = "shape_inference"
-    invalidates = ("shapes",)
+    invalidates = ALL
+    preserves = ("aliases", "effects", "liveness")
 
     def __init__(self, strict: bool = False):
         self.strict = strict

@@ -39,7 +39,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import onnx
-from google.protobuf.message import DecodeError
 from onnxforge.passes.export.opset import proto_graphs
 from onnxforge.proto_ext.errors import ExportError, OnnxforgeError
 from onnxforge.proto_ext.outputs import copy_file, write_json
@@ -182,18 +181,25 @@ def genai_config_changes(config: dict[str, Any], model: Any, filename: str, *,
 
 
 def model_data_files(path: str | os.PathLike[str]) -> set[str]:
-    """The external-data file names (relative to the model's folder) of a model file."""
+    """The external-data file names (relative to the model's folder, normalized) of a
+    model file; empty when it has none or cannot be read as a model.
+
+    Read from a wire scan of the mapped file
+    (:func:`~onnxforge.proto_ext.wirescan.external_locations`): no payload is read and
+    no protobuf object is built."""
+    from onnxforge.proto_ext.errors import WireError
+    from onnxforge.proto_ext.wirescan import external_locations, map_model_file, release_map
+
     try:
-        proto = onnx.load(os.fspath(path), load_external_data=False)
-    except (OSError, DecodeError):
+        mapping = map_model_file(path)
+    except (OSError, ValueError):  # missing, unreadable or empty (WireError is a ValueError)
         return set()
-    out: set[str] = set()
-    for g, _ in proto_graphs(proto.graph):
-        for t in list(g.initializer) + [a.t for n in g.node for a in n.attribute if a.HasField("t")]:
-            for e in t.external_data:
-                if e.key == "location":
-                    out.add(os.path.normpath(e.value))
-    return out
+    try:
+        return {os.path.normpath(location) for location in external_locations(mapping)}
+    except WireError:
+        return set()
+    finally:
+        release_map(mapping)
 
 
 def _referenced_models(config: dict[str, Any], decoder_file: str | None) -> set[str]:

@@ -27,7 +27,9 @@ model that was edited some other way must be invalidated by whoever edited it.
 A pass that reads an analysis and then changes the model must not read the
 same result again in that call (or invalidate it first). In debug mode the pass
 manager checks every result it keeps against a fresh computation
-(:meth:`AnalysisManager.stale`) and names a pass that left one stale.
+(:meth:`AnalysisManager.stale`, comparing each analysis's :meth:`Analysis.fingerprint`)
+and raises :class:`~onnxforge.passes.framework.pass_manager.StaleAnalysisError` naming a
+pass that left one stale and the analysis.
 """
 from __future__ import annotations
 
@@ -87,9 +89,11 @@ class Analysis(Generic[R]):
         raise NotImplementedError
 
     def fingerprint(self, result: R) -> Hashable | None:
-        """A value equal for equal results (objects by identity), with which debug mode
-        checks that a result kept after a pass is still what a fresh computation gives;
-        None: not checked."""
+        """A value equal for equal results, IR objects compared by identity (``id``):
+        debug mode compares the fingerprint of a result kept across a pass with that of
+        a fresh computation on the rewritten model (:meth:`AnalysisManager.stale`). Each
+        analysis defines its own, over everything its result answers; every analysis of
+        the package does. None (this default): a kept result cannot be checked."""
         return None
 
     def __repr__(self) -> str:

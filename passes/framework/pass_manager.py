@@ -16,19 +16,24 @@ Analyses (:mod:`.analysis_manager`) are typed results the manager caches. A pass
 them through its ``analyses`` attribute (``self.analyses.get("liveness")``),
 which the manager sets before ``call``; a pass run alone gets a fresh
 :class:`~onnxforge.passes.framework.analysis_manager.AnalysisManager` for the duration of its call.
-After a pass reports ``modified=True`` the manager drops every cached analysis
-the pass ``invalidates`` (:data:`~onnxforge.passes.framework.analysis_manager.ALL` by default,
-so a new pass is safe without declaring anything) except those it
-``preserves``, so a stale result is never read. ``invalidates`` may also name
-passes: a pass that ``requires`` one of them must not come after it with
-nothing in between (checked when the pipeline is built; :data:`ALL` names
-analyses only, never breaks a ``requires``).
+Every concrete pass declares, in its class body (its own or a base's other than
+:class:`Pass`), what a change by it breaks and what it leaves valid: ``invalidates``
+(:data:`~onnxforge.passes.framework.analysis_manager.ALL`, or the analyses it breaks) and
+``preserves`` (the analyses that stay valid, ``()`` for none; :data:`ALL` for a pass that
+never changes the model). A class that leaves either to :class:`Pass` is refused when
+it is defined. After a pass reports ``modified=True`` the manager drops every cached
+analysis the pass ``invalidates`` except those it ``preserves``, so a stale result is
+never read. ``invalidates`` may also name passes: a pass that ``requires`` one of them
+must not come after it with nothing in between (checked when the pipeline is built;
+:data:`ALL` names analyses only, never breaks a ``requires``).
 
 ::
 
     @register_pass
     class MyPass(Pass):
         name = "my_pass"
+        invalidates = ALL   # it moves nodes: every analysis changes...
+        preserves = ()      # ...and none stays valid
         runs_after = ("topological_sort",)
 
         def call(self, model):
@@ -44,9 +49,11 @@ With ``debug=True`` the manager checks the model's invariants (the static rules
 of ``proto_ext.verify.check`` plus the IR's SSA, def-use and topological order)
 before the first pass and after every pass, and raises
 :class:`~onnxforge.passes.framework.invariants.InvariantError` naming the pass that broke
-them and the passes that ran before it; it also checks that every analysis
-still cached after a pass equals a fresh computation (:class:`PassError` naming
-the pass otherwise).
+them and the passes that ran before it. It also checks the declarations: every
+analysis result still cached after a pass (what the pass ``preserves``, or everything
+when it reports no change) is computed again on the rewritten model and compared by
+its analysis's :meth:`~onnxforge.passes.framework.analysis_manager.Analysis.fingerprint`;
+one that differs raises :class:`StaleAnalysisError` naming the pass and the analyses.
 """
 from __future__ import annotations
 
@@ -57,7 +64,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from onnxforge.proto_ext.errors import OnnxforgeError
+from onnxforge.proto_ext.errors import OnnxforgeError, Violation
 from onnxforge.graphbuilder.ir.core import Model
 from onnxforge.passes.framework.analysis_manager import ALL, AllAnalyses, AnalysisManager
 from onnxforge.passes.framework.invariants import InvariantError, check_invariants, containers
@@ -70,6 +77,7 @@ __all__ = [
     "PassOrderError",
     "PassRecord",
     "PassResult",
+    "StaleAnalysisError",
     "check_int_option",
     "check_order",
     "collector_paused",
@@ -85,6 +93,29 @@ class PassError(OnnxforgeError, ValueError):
 
 class PassOrderError(PassError):
     """A pipeline violates a pass's ``requires`` / ``runs_after`` / ``runs_before``."""
+
+
+class StaleAnalysisError(InvariantError, PassError):
+    """Debug mode: an analysis result kept across a pass differs from a fresh computation
+    on the model the pass left. The pass declared valid what it changed (``preserves``,
+    ``invalidates`` or ``declares_storage = False``), or changed the model and reported
+    ``modified=False``.
+
+    ``pass_name`` and ``previous`` as for :class:`InvariantError`; ``analyses``: the names
+    of the stale results, each also one violation (rule ``IR-ANALYSIS``)."""
+
+    RULE = "IR-ANALYSIS"
+
+    def __init__(self, pass_name: str, previous: list[str], analyses: Sequence[str], declared: str):
+        self.analyses = sorted(analyses)
+        super().__init__(pass_name, previous, [
+            Violation(self.RULE, f"analyses[{a!r}]", f"the result kept across pass {pass_name!r} "
+                      "differs from a fresh computation on the rewritten model")
+            for a in self.analyses])
+        before = ", ".join(self.previous) if self.previous else "none"
+        self.args = (f"pass {pass_name!r} left stale analyses {self.analyses} (passes run before "
+                     f"it: [{before}]): each differs from a fresh computation on the rewritten "
+                     f"model, but the pass {declared}",)
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,13 +138,21 @@ class PassRecord:
     nodes_after: int
 
 
+_DECLARATIONS = ("invalidates", "preserves")
+"""What every concrete pass declares in a class body (:meth:`Pass.__init_subclass__`)."""
+
+
 class Pass:
     """Base class of passes. Subclasses set ``name`` and implement :meth:`call`.
 
     ``invalidates``: the analyses (and passes, for ``requires``) a change by this
-    pass breaks, :data:`ALL` by default; ``preserves``: analyses that stay valid
-    whatever ``invalidates`` says. ``analyses``: the analysis manager to read
-    from during :meth:`call` (set by the pass manager, or fresh for a lone run).
+    pass breaks, :data:`ALL` for every analysis; ``preserves``: analyses that stay
+    valid whatever ``invalidates`` says (``()`` for none). A concrete subclass (one
+    that defines :meth:`call`) must declare both in a class body of its own or of a
+    base other than this one: :class:`PassError` when it is defined otherwise, since
+    a claim is the pass's to make (debug mode checks it). ``analyses``: the analysis
+    manager to read from during :meth:`call` (set by the pass manager, or fresh for a
+    lone run).
 
     ``declares_storage``: the pass may give a model storage it did not declare before
     (an ``alias_of``, an ``output_alias``, a READ_WRITE input or a persistent binding).
@@ -131,6 +170,19 @@ class Pass:
     runs_before: tuple[str, ...] = ()
     analyses: AnalysisManager | None = None
     declares_storage: bool = True
+
+    @classmethod
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.call is Pass.call:
+            return  # no call(): a base of other passes, which declare for themselves
+        missing = [a for a in _DECLARATIONS if not any(a in vars(k) for k in cls.__mro__ if k is not Pass)]
+        if missing:
+            raise PassError(
+                f"pass class {cls.__qualname__} must declare {' and '.join(missing)} in its class "
+                f"body: `invalidates` is what a change by the pass breaks (ALL, or the analyses "
+                f"it breaks), `preserves` what stays valid (() for nothing, ALL for a pass that "
+                f"never changes the model); see docs/passes.rst")
 
     def call(self, model: Model) -> PassResult:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -314,13 +366,14 @@ class PassManager:
         fx = self.analyses.cached("effects", model)
         return (*kept, "effects") if fx is not None and fx.stateless else kept
 
-    def _check_analyses(self, model: Model, p: Pass, modified: bool) -> None:
+    def _check_analyses(self, model: Model, p: Pass, modified: bool, previous: list[str]) -> None:
+        """Every result still cached after ``p`` against a fresh one (debug mode)."""
         stale = self.analyses.stale(model)
         if stale:
-            raise PassError(
-                f"pass {p.name!r} left stale analyses {stale}: it changed what they describe "
-                f"but reported modified={modified} with invalidates={p.invalidates!r}, "
-                f"preserves={p.preserves!r}")
+            raise StaleAnalysisError(
+                p.name, previous, stale,
+                f"reported modified={modified} with invalidates={p.invalidates!r}, "
+                f"preserves={p.preserves!r}, declares_storage={p.declares_storage!r}")
 
     def __call__(self, model: Model) -> PassResult:
         with collector_paused():
@@ -356,7 +409,7 @@ class PassManager:
                 self.records.append(record)
                 if self.debug:
                     self._check(model, p.name, ran)
-                    self._check_analyses(model, p, result.modified)
+                    self._check_analyses(model, p, result.modified, ran)
                 ran.append(p.name)
                 changed = changed or result.modified
                 if self.progress is not None:

@@ -40,7 +40,7 @@ from typing import Any
 from onnxforge.graphbuilder.ir.core import Model
 from onnxforge.passes.framework.pass_manager import Pass, PassManager, PassRecord, PassResult
 
-__all__ = ["DEFAULT_PIPELINE", "default_pass_manager", "optimize", "pipeline_for_opset"]
+__all__ = ["DEFAULT_PIPELINE", "default_pass_manager", "optimize", "pass_manager", "pipeline_for_opset"]
 
 DEFAULT_PIPELINE: tuple[str, ...] = (
     "topological_sort",
@@ -81,6 +81,19 @@ def pipeline_for_opset(opset: int | None) -> list[Pass | str]:
     return [Opset23FusionPass(raise_opset=True) if n == "opset23_fusion" else n for n in DEFAULT_PIPELINE]
 
 
+def pass_manager(passes: Sequence[Pass | str] | None = None, *, debug: bool = False,
+                 opset: int | None = None, progress: Callable[[PassRecord], None] | None = None,
+                 fixed_point: bool = False, max_iterations: int = 8) -> PassManager:
+    """The manager that :func:`optimize` runs: over ``passes``, else the default pipeline
+    for ``opset`` (:func:`pipeline_for_opset`). Unknown pass names and a pipeline out of
+    order raise :class:`~onnxforge.passes.framework.pass_manager.PassError` here, before
+    any model is read; ``onnxforge.optimize`` and ``onnxforge optimize`` build theirs here."""
+    if passes is None and opset is not None:
+        passes = pipeline_for_opset(opset)
+    return default_pass_manager(passes, debug=debug, progress=progress, fixed_point=fixed_point,
+                                max_iterations=max_iterations)
+
+
 def optimize(model: Any, passes: Sequence[Pass | str] | None = None, debug: bool = False, *,
              progress: Callable[[PassRecord], None] | None = None, fixed_point: bool = False,
              max_iterations: int = 8, opset: int | None = None) -> Model:
@@ -92,7 +105,8 @@ def optimize(model: Any, passes: Sequence[Pass | str] | None = None, debug: bool
     (:mod:`onnxforge.passes.rewrites.opset23`); None keeps the model's opset.
 
     ``model`` is an IR :class:`Model` (rewritten in place) or anything
-    ``graphbuilder.serde.load`` accepts (a path, bytes, an ``onnx.ModelProto``).
+    ``graphbuilder.serde.load`` accepts (a path, bytes, an ``onnx.ModelProto``), loaded
+    without verification (``onnxforge.optimize`` verifies it).
     ``debug`` checks invariants before and after every pass and raises
     :class:`~onnxforge.passes.framework.invariants.InvariantError` naming the pass at fault.
     """
@@ -100,9 +114,7 @@ def optimize(model: Any, passes: Sequence[Pass | str] | None = None, debug: bool
         from onnxforge.graphbuilder.serde import load
 
         model = load(model)
-    if passes is None and opset is not None:
-        passes = pipeline_for_opset(opset)
-    pm = default_pass_manager(passes, debug=debug, progress=progress, fixed_point=fixed_point,
-                              max_iterations=max_iterations)
+    pm = pass_manager(passes, debug=debug, opset=opset, progress=progress, fixed_point=fixed_point,
+                      max_iterations=max_iterations)
     result: PassResult = pm(model)
     return result.model

@@ -35,7 +35,7 @@ from onnxforge.graphbuilder.ir.core import Attr, AttrType, Function, Graph, Mode
 from onnxforge.graphbuilder.ir.tensors import Tensor
 from onnxforge.passes.analyses.effects import Effects, effect_analysis
 from onnxforge.passes.framework.invariants import is_nondeterministic
-from onnxforge.passes.framework.pass_manager import Pass, PassResult, register_pass
+from onnxforge.passes.framework.pass_manager import ALL, Pass, PassResult, register_pass
 from onnxforge.passes.rewrites.rename import can_replace, erase_node, replace_value
 
 __all__ = ["CommonSubexpressionEliminationPass", "eliminate_common_subexpressions", "node_key"]
@@ -160,6 +160,8 @@ class CommonSubexpressionEliminationPass(Pass):
     """Merge nodes computing the same values (see the module docstring)."""
 
     name = "cse"
+    invalidates = ALL
+    preserves = ()
     declares_storage = False
     runs_after = ("topological_sort", "dedup_initializers", "constant_folding",
                   "identity_elimination", "inline")

@@ -26,7 +26,7 @@ from onnxforge.graphbuilder.ir.core import Function, Graph, Model, Node
 from onnxforge.passes.framework.domains import is_default_domain
 from onnxforge.passes.analyses.effects import Effects, effect_analysis
 from onnxforge.passes.framework.invariants import called_functions, containers
-from onnxforge.passes.framework.pass_manager import Pass, PassResult, register_pass
+from onnxforge.passes.framework.pass_manager import ALL, Pass, PassResult, register_pass
 from onnxforge.passes.rewrites.rename import erase_node
 
 __all__ = ["DeadCodeEliminationPass", "eliminate_dead_code"]
@@ -117,6 +117,8 @@ class DeadCodeEliminationPass(Pass):
     """
 
     name = "dce"
+    invalidates = ALL
+    preserves = ()
     declares_storage = False
     runs_after = ("inline", "constant_folding", "identity_elimination", "cse",
                   "dedup_initializers", "rewrite")

@@ -35,7 +35,7 @@ from onnx import TensorProto
 from onnxforge.graphbuilder.ir.core import Graph, Model, Value
 from onnxforge.graphbuilder.ir.tensors import EncodedTensor, Tensor
 from onnxforge.passes.framework.invariants import containers
-from onnxforge.passes.framework.pass_manager import Pass, PassResult, register_pass
+from onnxforge.passes.framework.pass_manager import ALL, Pass, PassResult, register_pass
 from onnxforge.passes.rewrites.rename import replace_value
 
 __all__ = ["DeduplicateInitializersPass", "deduplicate_initializers"]
@@ -172,6 +172,9 @@ class DeduplicateInitializersPass(Pass):
     """Merge initializers holding the same bytes with the same meaning (module docstring)."""
 
     name = "dedup_initializers"
+    # readers move to the kept copy: last uses change, merged values go
+    invalidates = ALL
+    preserves = ()
     declares_storage = False
     runs_after = ("constant_folding",)
 

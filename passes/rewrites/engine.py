@@ -33,7 +33,7 @@ from onnxforge.graphbuilder.shapes.context import ShapesContext
 from onnxforge.passes.analyses.effects import Effects, effect_analysis
 from onnxforge.passes.framework.domains import canonical_domain
 from onnxforge.passes.framework.invariants import containers
-from onnxforge.passes.framework.pass_manager import Pass, PassResult, check_int_option, register_pass
+from onnxforge.passes.framework.pass_manager import ALL, Pass, PassResult, check_int_option, register_pass
 from onnxforge.passes.rewrites.default_rules import DEFAULT_RULES
 from onnxforge.passes.rewrites.fold import constant_value, lift_constants
 from onnxforge.passes.rewrites.patterns import Capture, Const, Match, Pattern, RewriteError, Rule, RuleTable
@@ -278,6 +278,8 @@ class RewritePass(Pass):
     """
 
     name = "rewrite"
+    invalidates = ALL
+    preserves = ()
     runs_after = ("inline", "constant_folding")
 
     def __init__(self, table: RuleTable | Iterable[Rule] | None = None, *,

@@ -52,7 +52,7 @@ from onnxforge.passes.framework.domains import DEFAULT_DOMAINS, imported_version
 from onnxforge.passes.analyses.effects import Effects, effect_analysis
 from onnxforge.passes.rewrites.fold_eval import evaluate_node
 from onnxforge.passes.framework.invariants import is_nondeterministic
-from onnxforge.passes.framework.pass_manager import Pass, PassResult, check_int_option, register_pass
+from onnxforge.passes.framework.pass_manager import ALL, Pass, PassResult, check_int_option, register_pass
 from onnxforge.passes.framework.records import copy_tensor
 from onnxforge.passes.rewrites.rename import erase_node
 from onnxforge.proto_ext.types import TensorType
@@ -422,6 +422,8 @@ class ConstantFoldingPass(Pass):
     """
 
     name = "constant_folding"
+    invalidates = ALL
+    preserves = ()
     declares_storage = False
     runs_after = ("inline",)
 
@@ -452,6 +454,9 @@ class LiftConstantsPass(Pass):
     """
 
     name = "lift_constants"
+    # Constant nodes become initializers: values and steps change
+    invalidates = ALL
+    preserves = ()
     declares_storage = False
     runs_after = ("inline",)
 

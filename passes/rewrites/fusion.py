@@ -38,7 +38,7 @@ from onnxforge.passes.analyses.effects import Effects
 from onnxforge.passes.analyses.stated_types import stated_rank
 from onnxforge.passes.framework.domains import imported_version
 from onnxforge.passes.framework.invariants import containers
-from onnxforge.passes.framework.pass_manager import Pass, PassResult, register_pass
+from onnxforge.passes.framework.pass_manager import ALL, Pass, PassResult, register_pass
 from onnxforge.passes.rewrites.attention_fusion import REPEAT_KV_RULES
 from onnxforge.passes.rewrites.engine import apply_rules
 from onnxforge.passes.rewrites.patterns import Const, Match, Pattern, Rule, RuleTable
@@ -243,6 +243,8 @@ class FusionPass(Pass):
     """
 
     name = "fusion"
+    invalidates = ALL
+    preserves = ()
     declares_storage = False
     runs_after = ("inline", "constant_folding")
 

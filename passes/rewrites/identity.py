@@ -32,7 +32,7 @@ from onnxforge.graphbuilder.ir.core import Function, Graph, Model
 from onnxforge.graphbuilder.ir.storage import Storage
 from onnxforge.passes.framework.domains import is_default_domain
 from onnxforge.passes.framework.invariants import containers
-from onnxforge.passes.framework.pass_manager import Pass, PassResult, register_pass
+from onnxforge.passes.framework.pass_manager import ALL, Pass, PassResult, register_pass
 from onnxforge.passes.rewrites.rename import erase_node, replace_value
 
 __all__ = ["IdentityEliminationPass", "eliminate_identities"]
@@ -71,6 +71,8 @@ class IdentityEliminationPass(Pass):
     """Remove ``Identity`` nodes, forwarding their input (see the module docstring)."""
 
     name = "identity_elimination"
+    invalidates = ALL
+    preserves = ()
     declares_storage = False
     runs_after = ("inline",)
 

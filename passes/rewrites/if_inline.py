@@ -42,7 +42,7 @@ from onnxforge.graphbuilder.ir.core import (
 from onnxforge.passes.framework.domains import DEFAULT_DOMAINS
 from onnxforge.passes.analyses.effects import Effects, effect_analysis
 from onnxforge.passes.rewrites.fold import constant_value
-from onnxforge.passes.framework.pass_manager import Pass, PassResult, register_pass
+from onnxforge.passes.framework.pass_manager import ALL, Pass, PassResult, register_pass
 from onnxforge.passes.rewrites.rename import NameScope, can_replace, erase_node, replace_value
 from onnxforge.proto_ext.errors import OnnxforgeError
 
@@ -187,6 +187,8 @@ class IfInlinePass(Pass):
     """
 
     name = "if_inlining"
+    invalidates = ALL
+    preserves = ()
     declares_storage = False
     runs_after = ("inline",)
 

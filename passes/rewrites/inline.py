@@ -39,7 +39,14 @@ from onnxforge.graphbuilder.ir.core import (
 )
 from onnxforge.passes.framework.domains import imported_version, opsets_in_scope
 from onnxforge.passes.framework.invariants import called_functions
-from onnxforge.passes.framework.pass_manager import Pass, PassError, PassResult, check_int_option, register_pass
+from onnxforge.passes.framework.pass_manager import (
+    ALL,
+    Pass,
+    PassError,
+    PassResult,
+    check_int_option,
+    register_pass,
+)
 from onnxforge.passes.framework.records import copy_tensor
 from onnxforge.passes.rewrites.rename import NameScope, erase_node, transfer_value
 
@@ -260,6 +267,8 @@ class InlinePass(Pass):
     """
 
     name = "inline"
+    invalidates = ALL
+    preserves = ()
     declares_storage = False
 
     def __init__(self, functions: Iterable[FunctionId] | None = None, *, remove_inlined: bool = True,

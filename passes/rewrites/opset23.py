@@ -42,7 +42,7 @@ from onnxforge.passes.rewrites.attention_fusion import (
 )
 from onnxforge.passes.rewrites.dce import eliminate_dead_code
 from onnxforge.passes.framework.domains import default_domain_key
-from onnxforge.passes.framework.pass_manager import Pass, PassResult, register_pass
+from onnxforge.passes.framework.pass_manager import ALL, Pass, PassResult, register_pass
 from onnxforge.passes.rewrites.engine import apply_rules
 from onnxforge.passes.rewrites.patterns import Const, Match, Pattern, Rule, RuleTable
 from onnxforge.passes.rewrites.shape_fold import LazyShapes
@@ -203,6 +203,8 @@ class Opset23FusionPass(Pass):
     (see the module docstring); ``raise_opset`` lets it raise an older model's opset."""
 
     name = "opset23_fusion"
+    invalidates = ALL
+    preserves = ()
     declares_storage = False
     runs_after = ("inline",)
 

@@ -29,7 +29,7 @@ from onnxforge.graphbuilder.ir.core import MUST_ALIAS, READ_WRITE, Function, Gra
 from onnxforge.graphbuilder.ir.names import NameScope
 from onnxforge.passes.framework.domains import is_default_domain
 from onnxforge.passes.framework.invariants import owner_in
-from onnxforge.passes.framework.pass_manager import Pass, PassResult, register_pass
+from onnxforge.passes.framework.pass_manager import ALL, Pass, PassResult, register_pass
 
 __all__ = [
     "NameScope",
@@ -286,6 +286,9 @@ class RenamePass(Pass):
     """
 
     name = "rename"
+    # results keyed by Value objects survive a rename; effects and shapes look values up by name
+    invalidates = ALL
+    preserves = ("aliases", "liveness", "memory_plan")
 
     def __init__(self, values: Mapping[str, str] | None = None, io: Mapping[str, str] | None = None):
         self.values = dict(values or {})

@@ -68,7 +68,7 @@ from onnxforge.passes.analyses.effects import Effects, effect_analysis
 from onnxforge.passes.analyses.failing_branches import branch_constants
 from onnxforge.passes.rewrites.fold import constant_value
 from onnxforge.passes.framework.invariants import containers, is_nondeterministic
-from onnxforge.passes.framework.pass_manager import Pass, PassResult, check_int_option, register_pass
+from onnxforge.passes.framework.pass_manager import ALL, Pass, PassResult, check_int_option, register_pass
 from onnxforge.passes.rewrites.rename import NameScope, can_replace, erase_node, replace_value
 from onnxforge.proto_ext.types import SparseTensorType, TensorType
 
@@ -425,6 +425,8 @@ class ShapeFoldPass(Pass):
     """
 
     name = "shape_folding"
+    invalidates = ALL
+    preserves = ()
     declares_storage = False
     runs_after = ("inline", "topological_sort")
     runs_before = ("dce",)

@@ -36,7 +36,7 @@ from onnxforge.passes.analyses.effects import Effects, effect_analysis
 from onnxforge.passes.analyses.stated_types import stated_dims
 from onnxforge.passes.framework.domains import DEFAULT_DOMAINS, imported_version, opsets_in_scope
 from onnxforge.passes.framework.invariants import containers
-from onnxforge.passes.framework.pass_manager import Pass, PassResult, register_pass
+from onnxforge.passes.framework.pass_manager import ALL, Pass, PassResult, register_pass
 from onnxforge.passes.rewrites.fold import constant_value
 from onnxforge.passes.rewrites.rename import NameScope, can_replace, replace_value
 from onnxforge.passes.rewrites.shape_fold import LazyShapes
@@ -266,6 +266,8 @@ class SliceSplitPass(Pass):
     """
 
     name = "slice_split"
+    invalidates = ALL
+    preserves = ()
     declares_storage = False
     # after the first constant folding (Slice bounds are constants by then), and before the
     # last one, which folds a Split of a weight without growing the model

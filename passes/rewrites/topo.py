@@ -31,7 +31,7 @@ from onnxforge.graphbuilder.ir.core import Function, Graph, Model, Node
 from onnxforge.graphbuilder.ir.scope_order import CycleError, in_order, in_order_throughout, topological_order
 from onnxforge.graphbuilder.ir.storage import Storage
 from onnxforge.passes.framework.invariants import containers, owner_in
-from onnxforge.passes.framework.pass_manager import Pass, PassResult, register_pass
+from onnxforge.passes.framework.pass_manager import ALL, Pass, PassResult, register_pass
 
 __all__ = ["CycleError", "TopologicalSortPass", "schedule", "topological_sort"]
 
@@ -98,6 +98,9 @@ class TopologicalSortPass(Pass):
     """Stable topological sort respecting in-place writes (see the module docstring)."""
 
     name = "topological_sort"
+    # a new order: schedules change, and inference numbers its fresh symbols in it
+    invalidates = ALL
+    preserves = ()
     declares_storage = False
 
     def call(self, model: Model) -> PassResult:

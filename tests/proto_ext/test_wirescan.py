@@ -648,3 +648,94 @@ def test_strip_on_20000_node_chain() -> None:
     assert stripped.payloads == []  # 256-byte initializers stay inline by default
     stripped, written = roundtrip(data, 0)
     assert len(stripped.payloads) == 5000 and written == data
+
+
+# --------------------------------------------------------------------------- external references
+
+
+def _external(name: str, location: str, **entries: str) -> TensorProto:
+    """A float tensor of 4 elements whose payload is external, at ``location``."""
+    t = numpy_helper.from_array(np.zeros(4, np.float32), name)
+    t.ClearField("raw_data")
+    t.data_location = TensorProto.EXTERNAL
+    t.external_data.add(key="location", value=location)
+    for key, value in entries.items():
+        t.external_data.add(key=key, value=value)
+    return t
+
+
+def _external_everywhere() -> Any:
+    """External tensors in every place a tensor can sit, in this wire order:
+    b (a Constant), d and c (an If branch's Constant and initializer), a (twice, an
+    initializer), f (a sparse initializer's values), g (an encoded initializer), e (a
+    local function's Constant); plus references without a location and an inline
+    initializer whose doc string says ``location``."""
+    then = helper.make_graph([helper.make_node("Constant", [], ["d0"], value=_external("d0", "sub/d.bin"))],
+                             "then", [], [helper.make_tensor_value_info("d0", TensorProto.FLOAT, [4])],
+                             [_external("c0", "c.bin")])
+    nodes = [helper.make_node("Constant", [], ["b0"], value=_external("b0", "b.bin")),
+             helper.make_node("If", ["cond"], ["z"], then_branch=then, else_branch=then)]
+    inline = numpy_helper.from_array(np.zeros(2, np.float32), "inline")
+    inline.doc_string = "location: nowhere"
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("cond", TensorProto.BOOL, [])],
+                          [helper.make_tensor_value_info("z", TensorProto.FLOAT, [4])],
+                          [_external("a0", "a.bin"), _external("a1", "a.bin", offset="16"), inline])
+    sparse = g.sparse_initializer.add()
+    sparse.values.CopyFrom(_external("f0", "f.bin"))
+    sparse.indices.CopyFrom(numpy_helper.from_array(np.arange(4, dtype=np.int64), "f0_i"))
+    sparse.dims.append(8)
+    no_location = _external("n0", "n.bin")
+    del no_location.external_data[0]  # an offset only: no file named
+    no_location.external_data.add(key="offset", value="0")
+    g.initializer.append(no_location)
+    fn = helper.make_function("local", "F", [], ["e0"],
+                              [helper.make_node("Constant", [], ["e0"], value=_external("e0", "e.bin"))],
+                              [helper.make_opsetid("", 21)])
+    stock = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)], functions=[fn])
+    m = schema.from_onnx(stock)
+    enc = m.graph.encoded_initializer.add(name="g0")
+    enc.external_data.add(key="location", value="g.bin")
+    return m
+
+
+EVERY_LOCATION = ["b.bin", "sub/d.bin", "c.bin", "a.bin", "f.bin", "g.bin", "e.bin"]
+
+
+def test_external_locations_lists_every_reference_once_in_wire_order() -> None:
+    from onnxforge.proto_ext.wirescan import external_locations
+
+    data = _external_everywhere().SerializeToString()
+    assert external_locations(data) == EVERY_LOCATION
+    assert external_locations(memoryview(data)) == EVERY_LOCATION  # walked without the search
+    assert external_locations(bytearray(data)) == EVERY_LOCATION
+    # onnx's own enumeration agrees where it looks (not at sparse or encoded initializers)
+    from onnx.external_data_helper import _get_all_tensors
+
+    stock = onnx.load_from_string(data)
+    theirs = {e.value for t in _get_all_tensors(stock) for e in t.external_data if e.key == "location"}
+    assert theirs == set(EVERY_LOCATION) - {"f.bin", "g.bin"}
+
+
+def test_external_locations_of_a_model_without_external_data(tmp_path: Path) -> None:
+    from onnxforge.proto_ext.wirescan import external_locations, map_model_file, release_map
+
+    inline = model_with(initializers=[numpy_helper.from_array(np.ones(512, np.float32), "w")])
+    assert external_locations(inline.SerializeToString()) == []
+    path = tmp_path / "m.onnx"
+    path.write_bytes(_external_everywhere().SerializeToString())
+    mapping = map_model_file(path)
+    try:
+        assert external_locations(mapping) == EVERY_LOCATION
+    finally:
+        release_map(mapping)
+    (tmp_path / "empty.onnx").write_bytes(b"")
+    with pytest.raises(WireError, match="empty"):
+        map_model_file(tmp_path / "empty.onnx")
+
+
+def test_external_locations_of_malformed_bytes() -> None:
+    from onnxforge.proto_ext.wirescan import external_locations
+
+    data = _external_everywhere().SerializeToString()
+    with pytest.raises(WireError):
+        external_locations(data[:-5])

@@ -43,6 +43,8 @@ class _BreakDefUse(Pass):
     """Leaves a node reading a value that no longer exists in the model."""
 
     name = "break_def_use"
+    invalidates = ALL
+    preserves = ()
 
     def call(self, model: Model) -> PassResult:
         g = model.graph
@@ -54,6 +56,8 @@ class _BreakDefUse(Pass):
 
 class _Noop(Pass):
     name = "noop_for_test"
+    invalidates = ()
+    preserves = ALL  # changes nothing
 
     def call(self, model: Model) -> PassResult:
         return PassResult(model, False)
@@ -61,6 +65,8 @@ class _Noop(Pass):
 
 class _NeedsSort(Pass):
     name = "needs_sort_for_test"
+    invalidates = ()
+    preserves = ALL  # changes nothing
     requires = ("topological_sort",)
 
     def call(self, model: Model) -> PassResult:
@@ -70,6 +76,7 @@ class _NeedsSort(Pass):
 class _BreaksSort(Pass):
     name = "breaks_sort_for_test"
     invalidates = ("topological_sort",)
+    preserves = ()
 
     def call(self, model: Model) -> PassResult:
         return PassResult(model, False)
@@ -77,6 +84,8 @@ class _BreaksSort(Pass):
 
 class _ReturnsOther(Pass):
     name = "returns_other_for_test"
+    invalidates = ()
+    preserves = ALL  # changes nothing
 
     def call(self, model: Model) -> PassResult:
         return PassResult(_small(), False)
@@ -149,6 +158,8 @@ def test_debug_mode_rejects_a_broken_input_before_any_pass():
 def test_debug_mode_catches_a_dropped_binding_target():
     class DropOutput(Pass):
         name = "drop_output_for_test"
+        invalidates = ALL
+        preserves = ()
 
         def call(self, model: Model) -> PassResult:
             model.graph.outputs.pop(0)  # the bound output disappears, the binding stays
@@ -200,6 +211,8 @@ def test_fixed_point_repeats_until_nothing_changes():
 def test_fixed_point_gives_up_after_max_iterations():
     class Flip(Pass):
         name = "flip_for_test"
+        invalidates = ALL
+        preserves = ()
 
         def call(self, model: Model) -> PassResult:
             return PassResult(model, True)
@@ -213,6 +226,9 @@ def test_fixed_point_gives_up_after_max_iterations():
 
 class _Probe(Pass):
     """Reads an analysis through ``self.analyses`` and keeps what it got."""
+
+    invalidates = ()
+    preserves = ALL  # changes nothing
 
     def __init__(self, name: str, analysis: str = "liveness"):
         self.name = name
@@ -229,6 +245,8 @@ class _Touch(Pass):
     """Reports a change without making one, declaring what it breaks."""
 
     name = "touch_for_test"
+    invalidates = ALL
+    preserves = ()
 
     def __init__(self, invalidates=ALL, preserves=()):
         self.invalidates = invalidates
@@ -352,6 +370,8 @@ class _DropDead(Pass):
     """Removes the dead Neg; declares whatever it is told."""
 
     name = "drop_dead_for_test"
+    invalidates = ALL
+    preserves = ()
 
     def __init__(self, *, preserves=(), report: bool = True):
         self.preserves = preserves
@@ -383,6 +403,8 @@ class _AddState(Pass):
     """Makes the model's input READ_WRITE: storage the model did not declare."""
 
     name = "add_state_for_test"
+    invalidates = ALL
+    preserves = ()
 
     def __init__(self, *, declares_storage: bool):
         self.declares_storage = declares_storage
