@@ -316,8 +316,9 @@ def _export_changes(model, written: dict[str, str]) -> dict[str, Any]:
     import onnx
 
     from onnxforge.passes.export import read_feedback
+    from onnxforge.proto_ext.outputs import model_skeleton
 
-    std = onnx.load(written["model"], load_external_data=False)
+    std = onnx.ModelProto.FromString(model_skeleton(written["model"]) or b"")  # payloads skipped, not copied
     before, after = _ir_ops(model), _proto_ops(std.graph, Counter())
     for f in std.functions:
         for n in f.node:

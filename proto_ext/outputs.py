@@ -33,7 +33,7 @@ from typing import Any
 from onnxforge.proto_ext.errors import OnnxforgeError, WireError
 
 __all__ = ["OutputConflictError", "atomic_files", "atomic_path", "check_targets", "copy_file", "data_file_name",
-           "external_locations", "model_files", "replace_all", "write_json"]
+           "external_locations", "model_files", "model_skeleton", "replace_all", "write_json"]
 
 
 class OutputConflictError(OnnxforgeError, ValueError):
@@ -146,8 +146,9 @@ def copy_file(source: str | os.PathLike[str], target: str | os.PathLike[str]) ->
 # ----------------------------------------------------------------------- references
 
 
-def _skeleton(path: str) -> bytes | None:
-    """The model file's bytes without its large main-graph payloads (None: not a model)."""
+def model_skeleton(path: str) -> bytes | None:
+    """The model file's bytes without its large main-graph payloads, mapped and scanned
+    once (None: not a readable model file)."""
     from onnxforge.proto_ext.wirescan import strip_payloads
 
     try:
@@ -178,7 +179,7 @@ def external_locations(model_path: str | os.PathLike[str]) -> set[str]:
     from onnxforge.proto_ext.verify.external_rules import external_refs
     from onnxforge.proto_ext.view import view_from_proto
 
-    skeleton = _skeleton(os.fspath(model_path))
+    skeleton = model_skeleton(os.fspath(model_path))
     if skeleton is None:
         return set()
     try:

@@ -55,7 +55,7 @@ from __future__ import annotations
 import mmap
 import os
 from bisect import bisect_left
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import IO, Final, Literal, Union
 
@@ -217,47 +217,55 @@ def _skip(buf: memoryview, key: int, kstart: int, pos: int, end: int) -> int:
     return pos
 
 
-def _next_field(buf: memoryview, pos: int, end: int) -> tuple[int, int, int]:
-    """The field whose key starts at ``pos``: (key, value start, value end).
+def _scan(buf: memoryview, start: int, end: int) -> Iterator[tuple[int, int, int, int, int]]:
+    """Every field of the message in ``[start, end)``, in order, as (key, key start, key
+    end, value start, value end): the one reader of a field's key and length prefix.
 
     For LEN fields the value starts after the length prefix; for the others right
-    after the key. Raises :class:`WireError` for a malformed or truncated field.
-    The two loops over every field of the main graph (:func:`_strip_graph`,
-    :func:`_fill_graph`) inline this instead: a call per node costs them a third
-    of their time."""
-    kstart = pos
-    key = buf[pos]
-    pos += 1
-    if key >= 0x80:
-        key, pos = _varint(buf, kstart, end)
-    if key & 7 != _LEN or key < 8:
-        return key, pos, _skip(buf, key, kstart, pos, end)
-    # length prefix: one- and two-byte varints inline
-    if pos < end and buf[pos] < 0x80:
-        n = buf[pos]
+    after the key (value start == key end). Raises :class:`WireError` for a malformed or
+    truncated field. One- and two-byte varints are read inline: the loops over every
+    node of the main graph (:func:`_strip_graph`, :func:`_fill_graph`) spend most of
+    their time here."""
+    pos = start
+    while pos < end:
+        kstart = pos
+        key = buf[pos]
         pos += 1
-    elif pos + 1 < end and buf[pos + 1] < 0x80:
-        n = (buf[pos] & 0x7F) | (buf[pos + 1] << 7)
-        pos += 2
-    else:
-        n, pos = _varint(buf, pos, end)
-    vend = pos + n
-    if vend > end:
-        raise WireError(f"field {key >> 3} at byte {kstart}: length {n} runs past the end "
-                        f"of its message (byte {end})")
-    return key, pos, vend
+        if key >= 0x80:
+            key, pos = _varint(buf, kstart, end)
+        kend = pos
+        if key & 7 != _LEN or key < 8:
+            pos = _skip(buf, key, kstart, pos, end)
+            yield key, kstart, kend, kend, pos
+            continue
+        if pos < end and buf[pos] < 0x80:
+            n = buf[pos]
+            pos += 1
+        elif pos + 1 < end and buf[pos + 1] < 0x80:
+            n = (buf[pos] & 0x7F) | (buf[pos + 1] << 7)
+            pos += 2
+        else:
+            n, pos = _varint(buf, pos, end)
+        vend = pos + n
+        if vend > end:
+            raise WireError(f"field {key >> 3} at byte {kstart}: length {n} runs past the end "
+                            f"of its message (byte {end})")
+        yield key, kstart, kend, pos, vend
+        pos = vend
+
+
+def _next_field(buf: memoryview, pos: int, end: int) -> tuple[int, int, int]:
+    """The field whose key starts at ``pos`` (< ``end``): (key, value start, value end)
+    (see :func:`_scan`)."""
+    for key, _, _, vstart, vend in _scan(buf, pos, end):
+        return key, vstart, vend
+    raise WireError(f"no field at byte {pos} (the message ends at byte {end})")
 
 
 def _fields(buf: memoryview, start: int, end: int) -> list[tuple[int, int, int, int]]:
     """All fields of the message in ``[start, end)`` as (key, key start, value start, value end)
-    (see :func:`_next_field`)."""
-    out: list[tuple[int, int, int, int]] = []
-    pos = start
-    while pos < end:
-        kstart = pos
-        key, vstart, pos = _next_field(buf, pos, end)
-        out.append((key, kstart, vstart, pos))
-    return out
+    (see :func:`_scan`)."""
+    return [(key, kstart, vstart, vend) for key, kstart, _, vstart, vend in _scan(buf, start, end)]
 
 
 # --------------------------------------------------------------------------- scanning
@@ -298,37 +306,14 @@ def _strip_graph(buf: memoryview, start: int, end: int, min_size: int,
     run = start  # start of the current stretch of bytes copied unchanged
     changed = False
     new_len = 0
-    pos = start
     key_init, key_enc = _KEY_INITIALIZER, _KEY_ENCODED
-    while pos < end:
-        kstart = pos
-        key = buf[pos]
-        pos += 1
-        if key >= 0x80:
-            key, pos = _varint(buf, kstart, end)
-        if key & 7 != _LEN or key < 8:
-            pos = _skip(buf, key, kstart, pos, end)
-            continue
-        kend = pos
-        # length prefix: one- and two-byte varints inline
-        if pos < end and buf[pos] < 0x80:
-            n = buf[pos]
-            pos += 1
-        elif pos + 1 < end and buf[pos + 1] < 0x80:
-            n = (buf[pos] & 0x7F) | (buf[pos + 1] << 7)
-            pos += 2
-        else:
-            n, pos = _varint(buf, pos, end)
-        vend = pos + n
-        if vend > end:
-            raise WireError(f"field {key >> 3} at byte {kstart}: length {n} runs past the end "
-                            f"of its message (byte {end})")
-        # A value shorter than min_size cannot hold a payload of min_size bytes.
-        if (key == key_init or key == key_enc):
+    for key, _, kend, pos, vend in _scan(buf, start, end):
+        if key == key_init or key == key_enc:
+            n = vend - pos
             kind = _KIND_OF_KEY[key]
             index = counters[kind]
             counters[kind] = index + 1
-            if n >= min_size:
+            if n >= min_size:  # a shorter value cannot hold a payload of min_size bytes
                 found = _strip_value(buf, pos, vend, _KINDS[kind][1], min_size)
                 if found is not None:
                     removed, off, length = found
@@ -345,7 +330,6 @@ def _strip_graph(buf: memoryview, start: int, end: int, min_size: int,
                     new_len += (kend - run) + len(lenbytes) + value_len
                     run = vend
                     changed = True
-        pos = vend
     if not changed:
         return None
     pieces.append((run, end))
@@ -656,30 +640,10 @@ def _fill_graph(skel: memoryview, start: int, end: int, views: dict[tuple[str, i
     plan: list[_Piece | _Payload] = []
     run = start
     new_len = 0
-    pos = start
-    while pos < end:
-        kstart = pos
-        key = skel[pos]
-        pos += 1
-        if key >= 0x80:
-            key, pos = _varint(skel, kstart, end)
-        if key & 7 != _LEN or key < 8:
-            pos = _skip(skel, key, kstart, pos, end)
-            continue
-        if pos < end and skel[pos] < 0x80:
-            n = skel[pos]
-            pos += 1
-        elif pos + 1 < end and skel[pos + 1] < 0x80:
-            n = (skel[pos] & 0x7F) | (skel[pos + 1] << 7)
-            pos += 2
-        else:
-            n, pos = _varint(skel, pos, end)
-        vend = pos + n
-        if vend > end:
-            raise WireError(f"field {key >> 3} at byte {kstart}: length {n} runs past the end "
-                            f"of its message (byte {end})")
+    for key, kstart, _, pos, vend in _scan(skel, start, end):
         kind = _KIND_OF_KEY.get(key)
         if kind is not None:
+            n = vend - pos
             index = counters[kind]
             counters[kind] = index + 1
             payload = views.get((kind, index))
@@ -701,7 +665,6 @@ def _fill_graph(skel: memoryview, start: int, end: int, views: dict[tuple[str, i
                 plan.append((at, vend))
                 new_len += (kstart - run) + len(head) + value_len
                 run = vend
-        pos = vend
     if not plan:
         return None, 0
     plan.append((run, end))

@@ -524,8 +524,6 @@ def test_layers_stay_within_their_line_budget():
     assert bad == [], "\n".join(bad)
 
 
-@pytest.mark.xfail(strict=True, reason="proto_ext/wirescan.py:236 and proto_ext/wirescan.py:314 share 12 lines "
-                   "(the inline read of a length prefix); remove this mark once it is shared")
 def test_no_code_is_copied():
     bad = copied_runs(_tree_sources())
     assert bad == [], f"runs of {MIN_COPY_LINES}+ identical lines (share the code instead):\n" + "\n".join(bad)

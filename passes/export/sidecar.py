@@ -111,12 +111,24 @@ def _model_facts(model: Any) -> tuple[set[str], set[str], bool]:
         shares = any((n.domain, n.op_type) in _SHARING_OPS for sub in model.all_graphs() for n in sub)
         return {v.name for v in g.inputs}, {v.name for v in g.outputs}, shares
     if isinstance(model, (str, os.PathLike)):
-        model = onnx.load(os.fspath(model), load_external_data=False)
+        model = _skeleton_proto(model)
     if not isinstance(model, onnx.ModelProto):
         raise TypeError(f"expected an IR Model, a ModelProto or a path, got {type(model).__name__}")
     shares = any((n.domain, n.op_type) in _SHARING_OPS for g, _ in proto_graphs(model.graph)
                  for n in g.node)
     return {i.name for i in model.graph.input}, {o.name for o in model.graph.output}, shares
+
+
+def _skeleton_proto(path: str | os.PathLike[str]) -> onnx.ModelProto:
+    """The ModelProto of a model file without its large payloads (mapped and scanned once,
+    no payload copied)."""
+    from onnxforge.proto_ext.errors import ModelFileError
+    from onnxforge.proto_ext.outputs import model_skeleton
+
+    skeleton = model_skeleton(os.fspath(path))
+    if skeleton is None:
+        raise ModelFileError(f"{os.fspath(path)}: not a readable ONNX model file")
+    return onnx.ModelProto.FromString(skeleton)
 
 
 def _matches(pattern: str, name: str) -> bool:

@@ -65,16 +65,19 @@ def read_genai_config(model_path: str | os.PathLike) -> dict[str, Any] | None:
 
 def _load(model: Any) -> tuple[Model, Mapping[str, Any] | None]:
     """The IR of ``model`` after the static rules (a VerificationError names the broken
-    rule and its path, before the rewrite reads anything), and its genai_config."""
+    rule and its path, before the rewrite reads anything), and its genai_config. A file
+    is mapped, scanned and parsed once: the rules run on the message the IR is built from."""
     from onnxforge.graphbuilder import serde
     from onnxforge.proto_ext.errors import VerificationError
     from onnxforge.proto_ext.verify import check
 
+    if isinstance(model, Model):
+        violations = check(model)
+        if violations:
+            raise VerificationError(violations)
+        return model, None
     config = read_genai_config(model) if isinstance(model, (str, os.PathLike)) else None
-    violations = check(model)  # a file or message on the wire, before the IR is built
-    if violations:
-        raise VerificationError(violations)
-    return (model if isinstance(model, Model) else serde.load(model)), config
+    return serde.load(model, verify=True), config
 
 
 def _config_pairs(config: Mapping[str, Any], layers: int) -> dict[str, str]:
