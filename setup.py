@@ -51,9 +51,9 @@ def _extensions() -> list[Extension]:
                 [pyx],
                 include_dirs=[numpy.get_include(), INCLUDE, os.path.dirname(pyx)],
                 define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
-                # no -march: kernels_cy/include/_simd.h selects AVX2+FMA code paths at run time
-                extra_compile_args=["-O3", "-fopenmp"],
-                extra_link_args=["-fopenmp"],
+                # no -march: kernels_cy/include/_simd.h selects AVX2+FMA code paths at run time;
+                # no OpenMP: the kernels run in parallel on the backend's own pool (runtime/_pool.h)
+                extra_compile_args=["-O3"],
                 depends=sorted(glob.glob(os.path.join(INCLUDE, "*"))
                                + glob.glob(os.path.join(os.path.dirname(pyx), "*.h"))),
             )

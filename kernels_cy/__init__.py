@@ -6,7 +6,6 @@ if __name__ != "onnxforge.kernels_cy":  # the folder imported under its bare nam
         "instead, after `pip install -e .` at the repository root"
     )
 
-from onnxforge.kernels_cy.runtime import threads as _threads  # noqa: E402,F401  (OpenMP wait policy first)
 from onnxforge.kernels_cy.runtime.decoder_fn import install as _install_decoder_runner  # noqa: E402
 
 _install_decoder_runner()

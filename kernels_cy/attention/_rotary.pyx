@@ -18,11 +18,53 @@ dims from R on are copied. Positions come from ``position_ids`` [batch, seq]
 ``start[b] + s`` (GQA: ``start = total_len - seq``, or 0 for a first prompt), or,
 when ``cos``/``sin`` are 3-D [batch, seq, R/2], the caches are already per token.
 """
-from cython.parallel cimport prange
-
 include "_common.pxi"
 
+include "_pool_client.pxi"
+
 __all__ = ["RotaryCall", "rotary"]
+
+
+ctypedef struct _RotaryJob:
+    const char* x
+    char* out
+    Py_ssize_t xst[3]        # byte strides of x's batch, seq and head axes
+    Py_ssize_t ost[3]
+    const float* cos         # [max_pos, half], or [B, S, half] per token (mode 2)
+    const float* sin
+    const int64_t* pos       # mode 0: position_ids [1 or B, S]; mode 1: start [B]
+    Py_ssize_t pos_rows      # mode 0: 1 when position_ids broadcast over the batch
+    int mode
+    bint interleaved
+    Py_ssize_t S, H, D, half
+    Py_ssize_t items         # B * S tokens
+    Py_ssize_t chunk
+
+
+cdef void _rotary_task(void* ctx, long t) noexcept nogil:
+    """Tokens ``[t * chunk, (t + 1) * chunk)`` of the flattened [B, S], every head."""
+    cdef _RotaryJob* j = <_RotaryJob*>ctx
+    cdef Py_ssize_t item = t * j.chunk, end = item + j.chunk, b, s, p, h, half = j.half
+    cdef const float* cr
+    cdef const float* sr
+    if end > j.items:
+        end = j.items
+    while item < end:
+        b = item // j.S
+        s = item % j.S
+        if j.mode == 2:
+            p = item
+        elif j.mode == 0:
+            p = j.pos[(b if j.pos_rows > 1 else 0) * j.S + s]
+        else:
+            p = j.pos[b] + s
+        cr = j.cos + p * half
+        sr = j.sin + p * half
+        for h in range(j.H):
+            _rotate_head(<const float*>(j.x + b * j.xst[0] + s * j.xst[1] + h * j.xst[2]),
+                         <float*>(j.out + b * j.ost[0] + s * j.ost[1] + h * j.ost[2]),
+                         cr, sr, half, j.D, j.interleaved)
+        item += 1
 
 
 def rotary(x, cos, sin, out, position_ids=None, start=None, bint interleaved=False,
@@ -72,7 +114,7 @@ def rotary(x, cos, sin, out, position_ids=None, start=None, bint interleaved=Fal
         raise KernelError(f"{k}: 2-D cos/sin caches need position_ids or start")
     cdef const int64_t[:, ::1] pidv
     cdef const int64_t[::1] stv
-    cdef Py_ssize_t b, s, p
+    cdef Py_ssize_t b, s, p, i
     if mode == 0:
         pa = cnp.PyArray_FROMANY(pa, cnp.NPY_INT64, 2, 2, cnp.NPY_ARRAY_C_CONTIGUOUS)
         pidv = pa
@@ -94,44 +136,26 @@ def rotary(x, cos, sin, out, position_ids=None, start=None, bint interleaved=Fal
         return out
     nt = _fit_threads(nt, B * S, 3.0 * B * S * H * D)
     # x/out are strided on their leading axes (memoryviews would demand full contiguity)
-    cdef const char* xp = <const char*>cnp.PyArray_DATA(xa)
-    cdef char* op = <char*>cnp.PyArray_DATA(oa)
-    cdef cnp.npy_intp* xst = cnp.PyArray_STRIDES(xa)
-    cdef cnp.npy_intp* ost = cnp.PyArray_STRIDES(oa)
-    cdef const float[:, ::1] c2
-    cdef const float[:, ::1] s2
-    cdef const float[:, :, ::1] c3
-    cdef const float[:, :, ::1] s3
-    if mode == 2:
-        c3 = ca
-        s3 = sa
-    else:
-        c2 = ca
-        s2 = sa
-    cdef bint pid_bcast = mode == 0 and pa.shape[0] == 1
-    cdef Py_ssize_t item, h, i
-    cdef const float* cr
-    cdef const float* sr
-    cdef const float* xr
-    cdef float* yr
+    cdef _RotaryJob job
+    job.x = <const char*>cnp.PyArray_DATA(xa)
+    job.out = <char*>cnp.PyArray_DATA(oa)
+    for i in range(3):
+        job.xst[i] = cnp.PyArray_STRIDES(xa)[i]
+        job.ost[i] = cnp.PyArray_STRIDES(oa)[i]
+    job.cos = <const float*>cnp.PyArray_DATA(ca)
+    job.sin = <const float*>cnp.PyArray_DATA(sa)
+    job.pos = <const int64_t*>cnp.PyArray_DATA(pa) if pa is not None else NULL
+    job.pos_rows = pa.shape[0] if mode == 0 else B
+    job.mode = mode
+    job.interleaved = interleaved
+    job.S = S
+    job.H = H
+    job.D = D
+    job.half = half
+    job.items = B * S
+    job.chunk = _rows_per_task(B * S, nt)
     with nogil:
-        for item in prange(B * S, num_threads=nt, schedule="static"):
-            b = item // S
-            s = item % S
-            if mode == 2:
-                cr = &c3[b, s, 0]
-                sr = &s3[b, s, 0]
-            else:
-                if mode == 0:
-                    p = pidv[0 if pid_bcast else b, s]
-                else:
-                    p = stv[b] + s
-                cr = &c2[p, 0]
-                sr = &s2[p, 0]
-            for h in range(H):
-                xr = <const float*>(xp + b * xst[0] + s * xst[1] + h * xst[2])
-                yr = <float*>(op + b * ost[0] + s * ost[1] + h * ost[2])
-                _rotate_head(xr, yr, cr, sr, half, D, interleaved)
+        _run_row_tasks(_rotary_task, &job, B * S, job.chunk, nt)
     return out
 
 

@@ -13,12 +13,12 @@ from libc.string cimport memcpy
 
 include "_common.pxi"
 
-__all__ = ["cache_update"]
+__all__ = ["DTYPES", "cache_update"]
 
 cdef enum:
     NPY_USERDEF = 256   # first type number of a user-defined dtype (ml_dtypes bfloat16)
 
-_DTYPES = frozenset({"float32", "float16", "bfloat16", "int8", "uint8"})
+DTYPES = frozenset({"float32", "float16", "bfloat16", "int8", "uint8"})  # the element types copied here
 
 
 def cache_update(cache, values, position, int axis=-2, out_len=None):
@@ -41,7 +41,7 @@ def cache_update(cache, values, position, int axis=-2, out_len=None):
         raise KernelDtypeError(f"{k}: values are {va.dtype}, the cache is {ca.dtype}")
     if not (ct == cnp.NPY_FLOAT32 or ct == cnp.NPY_FLOAT16 or ct == cnp.NPY_INT8
             or ct == cnp.NPY_UINT8 or (ct >= NPY_USERDEF and ca.dtype.name == "bfloat16")):
-        raise KernelDtypeError(f"{k}: dtype {ca.dtype} is not one of {sorted(_DTYPES)}")
+        raise KernelDtypeError(f"{k}: dtype {ca.dtype} is not one of {sorted(DTYPES)}")
     cdef int nd = cnp.PyArray_NDIM(ca)
     if nd < 1 or cnp.PyArray_NDIM(va) != nd:
         raise KernelError(f"{k}: values have shape {_shape(va)}, the cache has shape {_shape(ca)}")

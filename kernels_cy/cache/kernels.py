@@ -10,6 +10,27 @@ from onnxforge.kernels_cy.ops.base import Kernel, NodeSpec, register
 
 __all__: list[str] = []
 
+# element types the compiled copy takes (the operator's T); empty without the extension
+_COMPILED_DTYPES = fast.cython_kernel("cache._cache", "DTYPES") or frozenset()
+
+
+def _write(cache, values, pos, a: int, n: int) -> None:
+    """``values`` into ``cache`` at ``[pos, pos + n)`` along axis ``a``: one scalar position
+    for every row, or ``pos[b]`` for row ``b`` of axis 0. Through the compiled per-row copy
+    when it takes the operands (C-contiguous, one of its element types, per-row positions
+    behind a batch axis), else by numpy slicing."""
+    scalar = pos.size == 1
+    if (fast.cache_update is not None and cache.dtype.name in _COMPILED_DTYPES
+            and cache.flags.c_contiguous and values.flags.c_contiguous and (scalar or a != 0)):
+        fast.cache_update(cache, values, int(pos[0]) if scalar else pos, a)
+        return
+    rows = [(slice(None), int(pos[0]))] if scalar else list(enumerate(pos.tolist()))
+    for b, p in rows:
+        idx = [b] + [slice(None)] * (cache.ndim - 1)
+        vidx = tuple(idx)
+        idx[a] = slice(p, p + n)
+        cache[tuple(idx)] = values[vidx]
+
 
 @register("ai.onnxforge", "CacheUpdate")
 class CacheUpdate(Kernel):
@@ -75,16 +96,7 @@ class CacheUpdate(Kernel):
             raise self._below(pos.tolist(), floor, ctx.name(cache))
         if floor is not None and np.any(pos > np.asarray(ctx.next(cache))):
             raise self._gap(pos.tolist(), ctx.next(cache), ctx.name(cache))
-        if pos.size == 1:
-            idx = [slice(None)] * cache.ndim
-            idx[a] = slice(int(pos[0]), int(pos[0]) + n)
-            cache[tuple(idx)] = values
-        else:
-            for b in range(cache.shape[0]):
-                idx = [b] + [slice(None)] * (cache.ndim - 1)
-                idx[a] = slice(int(pos[b]), int(pos[b]) + n)
-                vidx = [b] + [slice(None)] * (cache.ndim - 1)
-                cache[tuple(idx)] = values[tuple(vidx)]
+        _write(cache, values, pos, a, n)
         if floor is not None:
             ctx.wrote(cache, int(pos[0]) + n if pos.size == 1 else tuple(int(p) + n for p in pos))
         return cache

@@ -9,13 +9,12 @@ point 8), uint8 packed [N * ceil(n_blocks / 2)] or [N, ceil(n_blocks / 2)] (two
 4-bit zero points per byte, low nibble first, per row of N), or float32 [N *
 n_blocks] like the scales. ``w[n, k] = (code - zp) * scale``.
 
-The float weight is never materialized: each thread dequantizes one row of N
-(``4 * (K_padded + 4)`` bytes per thread, allocated once per call) and multiplies it
-with every row of ``a``. A single activation row with ``block_size`` 32 (a decode
+The float weight is never materialized: each task of the pool dequantizes one row of N
+at a time into its own row buffer (``4 * (K_padded + 4)`` bytes per task, allocated
+once per call) and multiplies it with every row of ``a``. A single activation row with ``block_size`` 32 (a decode
 step) skips the row buffer: per block, ``scale * (codes . a - zero_point * sum(a))``
 straight from the packed codes. Parallel over N. float32 activations only.
 """
-from cython.parallel cimport parallel, prange
 from libc.stdlib cimport malloc, free
 
 import mmap
@@ -79,6 +78,51 @@ cdef int _fused_row(const uint8_t* bp, const float* scp, const float* szp, const
         of_pool_parallel_for((N + job.chunk - 1) // job.chunk if N > 0 else 0, _row_task, &job, nt)
     free(work)
     return 0
+
+
+ctypedef struct _DeqJob:
+    const uint8_t* bp
+    const float* scp
+    const uint8_t* zpu
+    const float* zpf
+    const float* biasp
+    const float* ap
+    float* op
+    float* rows              # ``kpad + 4`` floats per task: the dequantized row, then 4 sums
+    Py_ssize_t M, N, K, nblk, block_size, zrow, kpad
+    Py_ssize_t chunk
+
+
+cdef void _deq_task(void* ctx, long t) noexcept nogil:
+    """Outputs ``[:, t * chunk, (t + 1) * chunk)``: per row of N, the row dequantized into
+    this task's buffer, then its products with every row of ``a`` (four at a time)."""
+    cdef _DeqJob* j = <_DeqJob*>ctx
+    cdef Py_ssize_t n = t * j.chunk, n1 = n + j.chunk, m, M = j.M, N = j.N, K = j.K, nblk = j.nblk
+    cdef float* row = j.rows + t * (j.kpad + 4)
+    cdef float* four = row + j.kpad
+    cdef float bias, acc
+    cdef int i
+    if n1 > N:
+        n1 = N
+    while n < n1:
+        of_deq4(j.bp + n * nblk * (j.block_size // 2), j.scp + n * nblk,
+                j.zpu + n * j.zrow if j.zpu != NULL else NULL,
+                j.zpf + n * nblk if j.zpf != NULL else NULL,
+                row, K, j.block_size)
+        bias = j.biasp[n] if j.biasp != NULL else 0.0
+        m = 0
+        while m + 4 <= M:
+            of_dot4(row, j.ap + m * K, K, K, four)
+            for i in range(4):
+                j.op[(m + i) * N + n] = four[i] + bias
+            m = m + 4
+        while m < M:
+            acc = of_dot(row, j.ap + m * K, K)
+            if j.biasp != NULL:
+                acc = acc + j.biasp[n]
+            j.op[m * N + n] = acc
+            m = m + 1
+        n += 1
 
 
 __all__ = ["OneRowNBits", "matmul_nbits"]
@@ -164,43 +208,34 @@ def matmul_nbits(a, b_quant, scales, zero_points, Py_ssize_t K, Py_ssize_t N, ou
     cdef const uint8_t* zpu = <const uint8_t*>cnp.PyArray_DATA(za) if zp_u8 else NULL
     cdef const float* zpf = <const float*>cnp.PyArray_DATA(za) if (za is not None and not zp_u8) else NULL
     cdef const float* biasp = <const float*>cnp.PyArray_DATA(biasa) if biasa is not None else NULL
-    cdef float* row = NULL
-    cdef float* four = NULL
-    cdef int j
-    cdef float acc
     cdef Py_ssize_t kpad = nblk * block_size
-    cdef int failed = 0
-    cdef int* failp = &failed
     if M == 1 and block_size == 32 and K == kpad:
         # one activation row: a fused per-block product that never writes a dequantized row
         _fused_row(bp, scp, NULL, zpu, zpf, biasp, ap, op, nblk, N, nt)
         return out
-    with nogil, parallel(num_threads=nt):
-        row = <float*>malloc((kpad + 4) * sizeof(float))
-        if row == NULL:
-            failp[0] = 1
-        else:
-            four = row + kpad
-            for n in prange(N, schedule="static"):
-                of_deq4(bp + n * nblk * half, scp + n * nblk,
-                        zpu + n * zrow if zpu != NULL else NULL,
-                        zpf + n * nblk if zpf != NULL else NULL,
-                        row, K, block_size)
-                m = 0
-                while m + 4 <= M:
-                    of_dot4(row, ap + m * K, K, K, four)
-                    for j in range(4):
-                        op[(m + j) * N + n] = four[j] + (biasp[n] if biasp != NULL else 0.0)
-                    m = m + 4
-                while m < M:
-                    acc = of_dot(row, ap + m * K, K)
-                    if biasp != NULL:
-                        acc = acc + biasp[n]
-                    op[m * N + n] = acc
-                    m = m + 1
-            free(row)
-    if failed:
-        raise MemoryError(f"{k}: cannot allocate a {kpad * 4}-byte row workspace")
+    cdef _DeqJob job
+    job.chunk = _rows_per_task(N, nt)
+    cdef Py_ssize_t tasks = (N + job.chunk - 1) // job.chunk
+    job.rows = <float*>malloc(tasks * (kpad + 4) * sizeof(float))
+    if job.rows == NULL:
+        raise MemoryError(f"{k}: cannot allocate {tasks} row workspaces of {(kpad + 4) * 4} bytes")
+    job.bp = bp
+    job.scp = scp
+    job.zpu = zpu
+    job.zpf = zpf
+    job.biasp = biasp
+    job.ap = ap
+    job.op = op
+    job.M = M
+    job.N = N
+    job.K = K
+    job.nblk = nblk
+    job.block_size = block_size
+    job.zrow = zrow
+    job.kpad = kpad
+    with nogil:
+        _run_row_tasks(_deq_task, &job, N, job.chunk, nt)
+    free(job.rows)
     return out
 
 

@@ -6,10 +6,11 @@ the last axis; ``skip_rms_norm`` is com.microsoft SkipSimplifiedLayerNormalizati
 (output 0 and the ``input + skip (+ bias)`` sum, output 3). Rows are the flattened
 leading axes: callers pass ``x.reshape(-1, hidden)``. float32 only.
 """
-from cython.parallel cimport prange
 from libc.math cimport sqrtf
 
 include "_common.pxi"
+
+include "_pool_client.pxi"
 
 __all__ = ["RowNorm", "SkipRowNorm", "rms_norm", "skip_rms_norm"]
 
@@ -31,6 +32,56 @@ cdef inline void _normalize_into(const float* src, float* dst, const float* w, P
         dst[j] = src[j] * inv * w[j]
 
 
+ctypedef struct _NormJob:
+    const float* x
+    const float* skip      # NULL: plain normalization of x
+    const float* bias      # or NULL
+    const float* w
+    float* out
+    float* sum_out         # or NULL: the sum is formed in ``out`` and normalized there
+    Py_ssize_t rows
+    Py_ssize_t srows       # skip row i is ``skip[i % srows]``
+    Py_ssize_t h
+    Py_ssize_t chunk
+    float eps
+
+
+cdef void _norm_rows(const _NormJob* j, Py_ssize_t r0, Py_ssize_t r1) noexcept nogil:
+    """Rows ``[r0, r1)``: ``out = rms_norm(x (+ skip + bias))``, the sum into ``sum_out``."""
+    cdef Py_ssize_t r, k, h = j.h
+    cdef const float* xr
+    cdef const float* sr
+    cdef float* dst
+    for r in range(r0, r1):
+        xr = j.x + r * h
+        if j.skip == NULL:
+            _normalize_into(xr, j.out + r * h, j.w, h, j.eps)
+            continue
+        sr = j.skip + (r % j.srows) * h
+        dst = (j.sum_out + r * h) if j.sum_out != NULL else (j.out + r * h)
+        if j.bias != NULL:
+            for k in range(h):
+                dst[k] = xr[k] + sr[k] + j.bias[k]
+        else:
+            for k in range(h):
+                dst[k] = xr[k] + sr[k]
+        if j.sum_out != NULL:
+            _normalize_into(dst, j.out + r * h, j.w, h, j.eps)
+        else:
+            _normalize_row(dst, j.w, h, j.eps)
+
+
+cdef void _norm_task(void* ctx, long t) noexcept nogil:
+    cdef _NormJob* j = <_NormJob*>ctx
+    cdef Py_ssize_t r0 = t * j.chunk, r1 = r0 + j.chunk
+    _norm_rows(j, r0, r1 if r1 < j.rows else j.rows)
+
+
+cdef void _run_norm(_NormJob* job, int nt) noexcept nogil:
+    job.chunk = _rows_per_task(job.rows, nt)
+    _run_row_tasks(_norm_task, job, job.rows, job.chunk, nt)
+
+
 def rms_norm(x, weight, float eps, out, num_threads=None):
     """``out[r, :] = x[r, :] / sqrt(mean(x[r, :]**2) + eps) * weight``.
 
@@ -47,16 +98,23 @@ def rms_norm(x, weight, float eps, out, num_threads=None):
     if not eps >= 0.0:
         raise KernelError(f"{k}: eps must be >= 0, got {eps}")
     cdef int nt = _threads(num_threads, k)
-    cdef const float[:, ::1] xv = xa
-    cdef const float[::1] wv = wa
-    cdef float[:, ::1] ov = oa
-    cdef Py_ssize_t rows = xv.shape[0], h = xv.shape[1], r
+    cdef Py_ssize_t rows = xa.shape[0], h = xa.shape[1]
     if rows == 0 or h == 0:
         return out
     nt = _fit_threads(nt, rows, 3.0 * rows * h)
+    cdef _NormJob job
+    job.x = <const float*>cnp.PyArray_DATA(xa)
+    job.skip = NULL
+    job.bias = NULL
+    job.w = <const float*>cnp.PyArray_DATA(wa)
+    job.out = <float*>cnp.PyArray_DATA(oa)
+    job.sum_out = NULL
+    job.rows = rows
+    job.srows = 1
+    job.h = h
+    job.eps = eps
     with nogil:
-        for r in prange(rows, num_threads=nt, schedule="static"):
-            _normalize_into(&xv[r, 0], &ov[r, 0], &wv[0], h, eps)
+        _run_norm(&job, nt)
     return out
 
 
@@ -98,38 +156,19 @@ def skip_rms_norm(x, skip, bias, weight, float eps, out, sum_out=None, num_threa
     if rows == 0 or h == 0:
         return out
     nt = _fit_threads(nt, rows, 4.0 * rows * h)
-    cdef const float[:, ::1] xv = xa
-    cdef const float[:, ::1] sv = sa
-    cdef const float[::1] wv = wa
-    cdef float[:, ::1] ov = oa
-    cdef const float[::1] bv
-    cdef float[:, ::1] sov
-    cdef const float* bp = NULL
-    cdef bint has_sum = soa is not None
-    if ba is not None:
-        bv = ba
-        bp = &bv[0]
-    if has_sum:
-        sov = soa
-    cdef Py_ssize_t r, j
-    cdef float* dst
-    cdef const float* xr
-    cdef const float* sr
+    cdef _NormJob job
+    job.x = <const float*>cnp.PyArray_DATA(xa)
+    job.skip = <const float*>cnp.PyArray_DATA(sa)
+    job.bias = <const float*>cnp.PyArray_DATA(ba) if ba is not None else NULL
+    job.w = <const float*>cnp.PyArray_DATA(wa)
+    job.out = <float*>cnp.PyArray_DATA(oa)
+    job.sum_out = <float*>cnp.PyArray_DATA(soa) if soa is not None else NULL
+    job.rows = rows
+    job.srows = srows
+    job.h = h
+    job.eps = eps
     with nogil:
-        for r in prange(rows, num_threads=nt, schedule="static"):
-            xr = &xv[r, 0]
-            sr = &sv[r % srows, 0]
-            dst = &sov[r, 0] if has_sum else &ov[r, 0]
-            if bp != NULL:
-                for j in range(h):
-                    dst[j] = xr[j] + sr[j] + bp[j]
-            else:
-                for j in range(h):
-                    dst[j] = xr[j] + sr[j]
-            if has_sum:
-                _normalize_into(dst, &ov[r, 0], &wv[0], h, eps)
-            else:
-                _normalize_row(dst, &wv[0], h, eps)
+        _run_norm(&job, nt)
     return out
 
 
@@ -199,7 +238,7 @@ cdef class SkipRowNorm:
         self.fallback = fallback
 
     def __call__(self, x, skip, gamma, bias=None):
-        cdef Py_ssize_t rows, h, r, j
+        cdef Py_ssize_t rows, h
         cdef cnp.ndarray xa, sa, ba
         if not _rows_ok(x, gamma, &rows, &h) or not cnp.PyArray_Check(skip):
             return self.fallback(x, skip, gamma, bias)
@@ -224,24 +263,19 @@ cdef class SkipRowNorm:
         if self.n_out == 4:
             total = cnp.PyArray_EMPTY(nd, cnp.PyArray_DIMS(xa), cnp.NPY_FLOAT32, 0)
             tp = <float*>cnp.PyArray_DATA(total)
-        cdef const float* xp = <const float*>cnp.PyArray_DATA(xa)
-        cdef const float* sp = <const float*>cnp.PyArray_DATA(sa)
-        cdef const float* wp = <const float*>cnp.PyArray_DATA(<cnp.ndarray>gamma)
-        cdef float* op = <float*>cnp.PyArray_DATA(out)
-        cdef float* dst
+        cdef _NormJob job
+        job.x = <const float*>cnp.PyArray_DATA(xa)
+        job.skip = <const float*>cnp.PyArray_DATA(sa)
+        job.bias = bp
+        job.w = <const float*>cnp.PyArray_DATA(<cnp.ndarray>gamma)
+        job.out = <float*>cnp.PyArray_DATA(out)
+        job.sum_out = tp
+        job.rows = rows
+        job.srows = rows
+        job.h = h
+        job.eps = self.eps
         with nogil:
-            for r in range(rows):
-                dst = (tp + r * h) if tp != NULL else (op + r * h)
-                if bp != NULL:
-                    for j in range(h):
-                        dst[j] = xp[r * h + j] + sp[r * h + j] + bp[j]
-                else:
-                    for j in range(h):
-                        dst[j] = xp[r * h + j] + sp[r * h + j]
-                if tp != NULL:
-                    _normalize_into(dst, op + r * h, wp, h, self.eps)
-                else:
-                    _normalize_row(dst, wp, h, self.eps)
+            _norm_rows(&job, 0, rows)
         if self.n_out == 1:
             return out
         cdef cnp.npy_intp zero = 0

@@ -1,10 +1,11 @@
 # cython: boundscheck=False, wraparound=False, initializedcheck=False, cdivision=True
 """Numerically stable softmax over the last axis (rows are the flattened leading axes),
 and the logistic sigmoid."""
-from cython.parallel cimport prange
 from libc.math cimport INFINITY, NAN, exp, isnan
 
 include "_common.pxi"
+
+include "_pool_client.pxi"
 
 __all__ = ["sigmoid", "softmax"]
 
@@ -34,6 +35,25 @@ cdef inline void _softmax_row(const float* x, float* y, Py_ssize_t n) noexcept n
     of_scal(y, 1.0 / total, n)
 
 
+ctypedef struct _SoftmaxJob:
+    const float* x
+    float* y
+    Py_ssize_t rows
+    Py_ssize_t n
+    Py_ssize_t chunk
+
+
+cdef void _softmax_task(void* ctx, long t) noexcept nogil:
+    """Rows ``[t * chunk, (t + 1) * chunk)``."""
+    cdef _SoftmaxJob* j = <_SoftmaxJob*>ctx
+    cdef Py_ssize_t r = t * j.chunk, r1 = r + j.chunk
+    if r1 > j.rows:
+        r1 = j.rows
+    while r < r1:
+        _softmax_row(j.x + r * j.n, j.y + r * j.n, j.n)
+        r += 1
+
+
 def softmax(x, out, num_threads=None):
     """``out[r, :] = exp(x[r, :] - max) / sum(exp(x[r, :] - max))``.
 
@@ -44,15 +64,18 @@ def softmax(x, out, num_threads=None):
     cdef cnp.ndarray oa = _f32(out, k, "out", 2, writable=True)
     _same_shape(xa, oa, k, "x", "out")
     cdef int nt = _threads(num_threads, k)
-    cdef const float[:, ::1] xv = xa
-    cdef float[:, ::1] ov = oa
-    cdef Py_ssize_t rows = xv.shape[0], n = xv.shape[1], r
+    cdef Py_ssize_t rows = xa.shape[0], n = xa.shape[1]
     if rows == 0 or n == 0:
         return out
     nt = _fit_threads(nt, rows, 20.0 * rows * n)
+    cdef _SoftmaxJob job
+    job.x = <const float*>cnp.PyArray_DATA(xa)
+    job.y = <float*>cnp.PyArray_DATA(oa)
+    job.rows = rows
+    job.n = n
+    job.chunk = _rows_per_task(rows, nt)
     with nogil:
-        for r in prange(rows, num_threads=nt, schedule="static"):
-            _softmax_row(&xv[r, 0], &ov[r, 0], n)
+        _run_row_tasks(_softmax_task, &job, rows, job.chunk, nt)
     return out
 
 

@@ -1,9 +1,9 @@
 /* The backend's worker pool: a parallel-for whose workers spin only while a run is active.
  *
- * OpenMP's passive wait policy (kernels_cy/runtime/threads.py) puts idle workers to sleep at once,
- * so each parallel region pays a futex wake-up, tens of microseconds on a loaded machine:
- * a decode step opens one region per product and loses about a millisecond that way. This
- * pool keeps its workers spinning between kernels while a session run is active
+ * Every parallel loop of the backend's kernels runs here (no OpenMP). A pool whose idle
+ * workers sleep at once pays a futex wake-up per parallel loop, tens of microseconds on a
+ * loaded machine: a decode step runs one loop per product and would lose about a millisecond
+ * that way. This pool keeps its workers spinning between kernels while a session run is active
  * (``of_pool_hot(+1)`` at run start, ``of_pool_hot(-1)`` at run end) and puts them to
  * sleep on a condition variable as soon as no run is active, so no thread busy-waits after
  * a run returns. A spinning worker yields the CPU after a short while, so a BLAS pool

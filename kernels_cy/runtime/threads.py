@@ -1,10 +1,10 @@
-"""Thread control of the CPU backend: BLAS pool size per product, OpenMP wait policy.
+"""Thread control of the CPU backend: the one place that sets BLAS's pool size.
 
-OpenMP: the kernels' parallel loops use libgomp, which by default spins for a
-while after each parallel region. ``OMP_WAIT_POLICY=PASSIVE`` (set here, before
-the first kernel extension loads libgomp, unless the caller set it) makes idle
-workers sleep at once, so no thread busy-waits after a run returns. Small work
-never opens a parallel region at all (see ``NodeSpec.threads_for``).
+The backend's own kernels run their parallel loops on one worker pool
+(``runtime/_pool.h``, no OpenMP), bounded per call by the session's ``threads``;
+its workers sleep as soon as no run is active. Small work never goes to the pool
+at all (see ``NodeSpec.threads_for``). BLAS (numpy's) keeps its own threads,
+sized here.
 
 BLAS: a decode step's products are tiny ([1, 128] x [128, 512]); a threaded
 OpenBLAS call then costs more in wake-ups than it saves, and with a loaded
@@ -28,8 +28,6 @@ from __future__ import annotations
 import os
 import threading
 from typing import Any
-
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 __all__ = ["BLAS", "BLAS_PARALLEL_BYTES", "BLAS_PARALLEL_WORK", "BlasThreads"]
 
