@@ -511,8 +511,6 @@ def copied_runs(sources: dict[str, str], min_lines: int = MIN_COPY_LINES) -> lis
     return runs
 
 
-@pytest.mark.xfail(strict=True, reason="kernels_cy/paged/_paged.pyx (830 lines) is being split; remove this mark "
-                   "once it is")
 def test_no_module_over_the_line_limit():
     bad = oversized_modules(_tree_sources())
     assert bad == [], f"modules over {MAX_MODULE_LINES} lines (split them by job):\n" + "\n".join(bad)

@@ -1,10 +1,11 @@
-/* Small vector primitives for the CPU kernels.
+/* Small vector primitives for the CPU kernels, and the one CPU-feature dispatch.
  *
- * Each primitive is compiled twice: a portable baseline and an AVX2+FMA
- * version selected at run time from CPUID, so the build needs no -march flag.
- * The AVX2 versions of the dot products, axpy and the 4-bit dequantization
- * use intrinsics; the portable loops keep 16 independent lanes so that the
- * compiler can vectorize them without reassociating floating-point sums.
+ * Each primitive has a portable baseline and a vector version selected at run time from
+ * CPUID (of_simd_level below), so the build needs no -march flag. The AVX2 versions of
+ * the dot products, axpy and the 4-bit dequantization use intrinsics; kernels with an
+ * AVX-512F version too are written once over the vector-width names of _vec.h (_q4dot.h,
+ * the paged kernels). The portable loops keep 16 independent lanes so that the compiler
+ * can vectorize them without reassociating floating-point sums.
  */
 #ifndef ONNXFORGE_SIMD_H
 #define ONNXFORGE_SIMD_H
@@ -159,28 +160,30 @@ static OF_TARGET_AVX2 inline OF_AXPY_SIG(of_axpy_avx2) {
     for (; i < n; ++i) y[i] += alpha * x[i];
 }
 static OF_TARGET_AVX2 OF_SCAL_SIG(of_scal_avx2) OF_SCAL_BODY
-static OF_TARGET_AVX2 inline __m256 of_exp8_avx2(__m256 v) {
-    /* e^v lane by lane, the polynomial of OF_EXPSUM_BODY (v clamped to [-87, 88]) */
-    const __m256 lo = _mm256_set1_ps(-87.0f), hi = _mm256_set1_ps(88.0f);
-    const __m256 log2e = _mm256_set1_ps(1.44269504088896341f);
-    const __m256 magic = _mm256_set1_ps(12582912.0f);
-    const __m256 c1 = _mm256_set1_ps(0.693359375f), c2 = _mm256_set1_ps(-2.12194440e-4f);
-    const __m256 one = _mm256_set1_ps(1.0f);
-    v = _mm256_min_ps(_mm256_max_ps(v, lo), hi);
-    __m256 t = _mm256_fmadd_ps(v, log2e, magic);
-    __m256 kk = _mm256_sub_ps(t, magic);
-    __m256 r = _mm256_fnmadd_ps(kk, c1, v);
-    r = _mm256_fnmadd_ps(kk, c2, r);
-    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-    p = _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, _mm256_add_ps(r, one));
-    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(kk), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-}
+/* e^v lane by lane, the polynomial of OF_EXPSUM_BODY (v clamped to [-87, 88]), one body
+ * for both vector widths: P is the intrinsics' prefix (_mm256_ or _mm512_), V the float
+ * vector type and CASTI the integer-to-float cast of that width. */
+#define OF_VEXP_DEF(name, target, V, P, CASTI)                                              \
+    static target inline V name(V v) {                                                      \
+        const V magic = P##set1_ps(12582912.0f);                                            \
+        v = P##min_ps(P##max_ps(v, P##set1_ps(-87.0f)), P##set1_ps(88.0f));                 \
+        V t = P##fmadd_ps(v, P##set1_ps(1.44269504088896341f), magic);                      \
+        V kk = P##sub_ps(t, magic);                                                         \
+        V r = P##fnmadd_ps(kk, P##set1_ps(0.693359375f), v);                                \
+        r = P##fnmadd_ps(kk, P##set1_ps(-2.12194440e-4f), r);                               \
+        V p = P##set1_ps(1.9875691500e-4f);                                                 \
+        p = P##fmadd_ps(p, r, P##set1_ps(1.3981999507e-3f));                                \
+        p = P##fmadd_ps(p, r, P##set1_ps(8.3334519073e-3f));                                \
+        p = P##fmadd_ps(p, r, P##set1_ps(4.1665795894e-2f));                                \
+        p = P##fmadd_ps(p, r, P##set1_ps(1.6666665459e-1f));                                \
+        p = P##fmadd_ps(p, r, P##set1_ps(5.0000001201e-1f));                                \
+        p = P##fmadd_ps(P##mul_ps(p, r), r, P##add_ps(r, P##set1_ps(1.0f)));                \
+        return P##mul_ps(p, CASTI(P##slli_epi32(                                            \
+            P##add_epi32(P##cvtps_epi32(kk), P##set1_epi32(127)), 23)));                    \
+    }
+#define OF_TARGET_AVX512 __attribute__((target("avx512f,avx2,fma,f16c")))
+OF_VEXP_DEF(of_exp8_avx2, OF_TARGET_AVX2, __m256, _mm256_, _mm256_castsi256_ps)
+OF_VEXP_DEF(of_exp16_avx512, OF_TARGET_AVX512, __m512, _mm512_, _mm512_castsi512_ps)
 static OF_TARGET_AVX2 OF_EXPSUM_SIG(of_expsum_avx2) {
     /* eight lanes at a time; the last partial vector through a lane mask, so the whole
      * call stays in AVX code (no call into the baseline's SSE code and its transition) */
@@ -428,32 +431,58 @@ static OF_TARGET_AVX2 OF_DOT4_SIG(of_dot4_avx2) {
 }
 #endif
 
-/* 1 when the AVX2+FMA versions run; set once by of_simd_init(). The few primitives with an
- * AVX-512 version use it when of_simd_avx512 is 1 too. */
+/* The one CPU-feature dispatch of the kernels: of_simd_level is 0 (portable), 1 (AVX2 + FMA
+ * + F16C) or 2 (AVX-512F on top), the CPU's level (of_simd_init(), once per module) lowered
+ * by the test switches of_simd_force_baseline() and of_simd_allow_avx512(). of_simd_avx2
+ * and of_simd_avx512 mirror level >= 1 and level == 2. Every module keeps its own copy of
+ * these flags, so a switch affects the module that calls it. */
+static int of_simd_cpu = 0;
+static int of_simd_cap = 2;        /* ceiling set by of_simd_force_baseline */
+static int of_simd_allow512 = 1;   /* cleared by of_simd_allow_avx512(0) */
+static int of_simd_level = 0;
 static int of_simd_avx2 = 0;
 static int of_simd_avx512 = 0;
+
+static void of_simd_select(void) {
+    int lv = of_simd_cpu < of_simd_cap ? of_simd_cpu : of_simd_cap;
+    if (lv > 1 && !of_simd_allow512) lv = 1;
+    of_simd_level = lv;
+    of_simd_avx2 = lv >= 1;
+    of_simd_avx512 = lv >= 2;
+}
 
 static int of_simd_init(void) {
 #if OF_HAVE_AVX2_CLONE
     __builtin_cpu_init();
-    of_simd_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    of_simd_avx512 = of_simd_avx2 && __builtin_cpu_supports("avx512f");
+    of_simd_cpu = 0;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
+        of_simd_cpu = __builtin_cpu_supports("avx512f") ? 2 : 1;
 #endif
+    of_simd_select();
     return of_simd_avx2;
 }
 
 /* Force the portable versions (on=1), AVX2 without AVX-512 (on=2), or the best the CPU
  * has (on=0); tests compare the paths. */
 static void of_simd_force_baseline(int on) {
+    of_simd_cap = on == 1 ? 0 : (on ? 1 : 2);
     of_simd_init();
-    if (on == 1) of_simd_avx2 = 0;
-    if (on) of_simd_avx512 = 0;
+}
+
+/* Let the functions with an AVX-512 version use it (on=1, the default) or keep to AVX2. */
+static void of_simd_allow_avx512(int on) {
+    of_simd_allow512 = on != 0;
+    of_simd_select();
 }
 
 #if OF_HAVE_AVX2_CLONE
 #define OF_DISPATCH(base, avx2, ...) (of_simd_avx2 ? avx2(__VA_ARGS__) : base(__VA_ARGS__))
+/* f##_avx512, f##_avx2 or f##_base by of_simd_level */
+#define OF_DISPATCH_LV(f, ...) (of_simd_level == 2 ? f##_avx512(__VA_ARGS__) :             \
+                                of_simd_level == 1 ? f##_avx2(__VA_ARGS__) : f##_base(__VA_ARGS__))
 #else
 #define OF_DISPATCH(base, avx2, ...) base(__VA_ARGS__)
+#define OF_DISPATCH_LV(f, ...) f##_base(__VA_ARGS__)
 #endif
 
 static inline float of_dot(const float* a, const float* b, ptrdiff_t n) {
@@ -538,141 +567,6 @@ static inline void of_dot4(const float* w, const float* a, ptrdiff_t lda, ptrdif
     OF_DISPATCH(of_dot4_base, of_dot4_avx2, w, a, lda, n, out);
 }
 
-/* 4-bit MatMulNBits rows with block_size 32 against one activation row, without
- * materializing a row. codes: 16 bytes per block, low nibble first (byte j holds elements
- * 2j and 2j + 1). The activations are laid out once per call in "nibble order"
- * (of_q4_prepare): per block, ap[j] = a[2j] and ap[16 + j] = a[2j + 1], so that the low and
- * high nibbles of 16 bytes widen to two vectors that multiply contiguous activations.
- * of_q4dot32_rows gives sum over blocks b of s_b * (codes_b . a_b); the zero points enter
- * as - sum_b s_b z_b asum_b, asum_b being the sum of a over block b (of_q4_zero_terms). */
-static inline float of_q4zp(const uint8_t* zp_packed, const float* zp_float, ptrdiff_t kb) {
-    if (zp_packed) return (float)((zp_packed[kb >> 1] >> ((kb & 1) * 4)) & 15);
-    if (zp_float) return zp_float[kb];
-    return 8.0f;
-}
-static void of_q4_prepare(const float* a, float* ap, float* asum, ptrdiff_t nblk) {
-    ptrdiff_t kb, j;
-    for (kb = 0; kb < nblk; ++kb) {
-        const float* x = a + kb * 32;
-        float* y = ap + kb * 32;
-        float t = 0.0f;
-        for (j = 0; j < 16; ++j) {
-            y[j] = x[2 * j];
-            y[16 + j] = x[2 * j + 1];
-        }
-        for (j = 0; j < 32; ++j) t += x[j];
-        asum[kb] = t;
-    }
-}
-/* szp[r * nblk + b] = s_b z_b of row r (rows [0, nrows)), for the zero-point term. */
-static void of_q4_zero_terms(const float* scales, const uint8_t* zp_packed, const float* zp_float,
-                             ptrdiff_t nblk, ptrdiff_t nrows, float* szp) {
-    ptrdiff_t r, kb, zrow = (nblk + 1) / 2;
-    for (r = 0; r < nrows; ++r)
-        for (kb = 0; kb < nblk; ++kb)
-            szp[r * nblk + kb] = scales[r * nblk + kb] *
-                of_q4zp(zp_packed ? zp_packed + r * zrow : NULL, zp_float ? zp_float + r * nblk : NULL, kb);
-}
-static void of_q4dot32_rows_base(const uint8_t* codes, const float* scales, const float* ap,
-                                 ptrdiff_t nblk, ptrdiff_t nrows, float* out) {
-    ptrdiff_t r, kb, j;
-    for (r = 0; r < nrows; ++r) {
-        float total = 0.0f;
-        for (kb = 0; kb < nblk; ++kb) {
-            const uint8_t* c = codes + (r * nblk + kb) * 16;
-            const float* ab = ap + kb * 32;
-            float d = 0.0f;
-            for (j = 0; j < 16; ++j) d += (float)(c[j] & 15) * ab[j] + (float)(c[j] >> 4) * ab[16 + j];
-            total += scales[r * nblk + kb] * d;
-        }
-        out[r] = total;
-    }
-}
-#if OF_HAVE_AVX2_CLONE
-/* one block of 32 codes of one row, AVX2: two 8-byte halves widened to 32-bit lanes */
-#define OF_Q4_BLOCK_AVX2(cb, ab, acc_lo, acc_hi, sc)                                          \
-    do {                                                                                     \
-        __m256i x0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(cb)));            \
-        __m256i x1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)((cb) + 8)));      \
-        __m256 c = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_and_si256(x0, m15)), (ab)[0]);    \
-        __m256 d = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(x0, 4)), (ab)[2]);     \
-        c = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(x1, m15)), (ab)[1], c);      \
-        d = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(x1, 4)), (ab)[3], d);       \
-        acc_lo = _mm256_fmadd_ps(sc, c, acc_lo);                                             \
-        acc_hi = _mm256_fmadd_ps(sc, d, acc_hi);                                             \
-    } while (0)
-static OF_TARGET_AVX2 void of_q4dot32_rows_avx2(const uint8_t* codes, const float* scales, const float* ap,
-                                                ptrdiff_t nblk, ptrdiff_t nrows, float* out) {
-    const __m256i m15 = _mm256_set1_epi32(15);
-    ptrdiff_t r = 0, kb, i;
-    for (; r + 4 <= nrows; r += 4) {  /* four rows share each block's activations */
-        __m256 lo[4], hi[4];
-        for (i = 0; i < 4; ++i) lo[i] = hi[i] = _mm256_setzero_ps();
-        for (kb = 0; kb < nblk; ++kb) {
-            __m256 ab[4];
-            /* low nibbles of bytes 0..7 and 8..15, then their high nibbles */
-            for (i = 0; i < 4; ++i) ab[i] = _mm256_loadu_ps(ap + kb * 32 + 8 * i);
-            for (i = 0; i < 4; ++i) {
-                __m256 sc = _mm256_broadcast_ss(scales + (r + i) * nblk + kb);
-                OF_Q4_BLOCK_AVX2(codes + ((r + i) * nblk + kb) * 16, ab, lo[i], hi[i], sc);
-            }
-        }
-        for (i = 0; i < 4; ++i) out[r + i] = of_hsum256(_mm256_add_ps(lo[i], hi[i]));
-    }
-    for (; r < nrows; ++r) {
-        __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
-        for (kb = 0; kb < nblk; ++kb) {
-            __m256 ab[4];
-            for (i = 0; i < 4; ++i) ab[i] = _mm256_loadu_ps(ap + kb * 32 + 8 * i);
-            __m256 sc = _mm256_broadcast_ss(scales + r * nblk + kb);
-            OF_Q4_BLOCK_AVX2(codes + (r * nblk + kb) * 16, ab, lo, hi, sc);
-        }
-        out[r] = of_hsum256(_mm256_add_ps(lo, hi));
-    }
-}
-#undef OF_Q4_BLOCK_AVX2
-#define OF_TARGET_AVX512 __attribute__((target("avx2,fma,avx512f")))
-/* AVX-512: a block's 16 bytes widen to one vector of 16 lanes; its low and high nibbles
- * are the even and odd elements, against the two halves of the block's activations */
-static OF_TARGET_AVX512 void of_q4dot32_rows_avx512(const uint8_t* codes, const float* scales, const float* ap,
-                                                    ptrdiff_t nblk, ptrdiff_t nrows, float* out) {
-    const __m512i m15 = _mm512_set1_epi32(15);
-    ptrdiff_t r = 0, kb, i;
-    for (; r + 4 <= nrows; r += 4) {
-        __m512 acc[4];
-        for (i = 0; i < 4; ++i) acc[i] = _mm512_setzero_ps();
-        for (kb = 0; kb < nblk; ++kb) {
-            __m512 a0 = _mm512_loadu_ps(ap + kb * 32), a1 = _mm512_loadu_ps(ap + kb * 32 + 16);
-            for (i = 0; i < 4; ++i) {
-                __m512i x = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(codes + ((r + i) * nblk + kb) * 16)));
-                __m512 d = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_and_si512(x, m15)), a0);
-                d = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(x, 4)), a1, d);
-                acc[i] = _mm512_fmadd_ps(_mm512_set1_ps(scales[(r + i) * nblk + kb]), d, acc[i]);
-            }
-        }
-        for (i = 0; i < 4; ++i) out[r + i] = _mm512_reduce_add_ps(acc[i]);
-    }
-    for (; r < nrows; ++r) {
-        __m512 acc = _mm512_setzero_ps();
-        for (kb = 0; kb < nblk; ++kb) {
-            __m512i x = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(codes + (r * nblk + kb) * 16)));
-            __m512 d = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_and_si512(x, m15)), _mm512_loadu_ps(ap + kb * 32));
-            d = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(x, 4)), _mm512_loadu_ps(ap + kb * 32 + 16), d);
-            acc = _mm512_fmadd_ps(_mm512_set1_ps(scales[r * nblk + kb]), d, acc);
-        }
-        out[r] = _mm512_reduce_add_ps(acc);
-    }
-}
-#endif
-static inline void of_q4dot32_rows(const uint8_t* codes, const float* scales, const float* ap,
-                                   ptrdiff_t nblk, ptrdiff_t nrows, float* out) {
-#if OF_HAVE_AVX2_CLONE
-    if (of_simd_avx512) {
-        of_q4dot32_rows_avx512(codes, scales, ap, nblk, nrows, out);
-        return;
-    }
-#endif
-    OF_DISPATCH(of_q4dot32_rows_base, of_q4dot32_rows_avx2, codes, scales, ap, nblk, nrows, out);
-}
+#include "_q4dot.h"
 
 #endif /* ONNXFORGE_SIMD_H */
