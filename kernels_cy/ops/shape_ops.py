@@ -1,9 +1,10 @@
 """Shape and data-movement kernels.
 
 Views (``fresh = False``): Reshape, Squeeze, Unsqueeze, Flatten, Identity and Slice
-return numpy views of their input where that is legal; a view that needs a
-contiguous input it does not have copies once and reports it as materialized.
-Everything else returns new arrays.
+return numpy views of their input where liveness allows it
+(:func:`~onnxforge.passes.analyses.liveness.may_view`; elsewhere the planner wraps
+them in :class:`FreshCopy`); a view that needs a contiguous input it does not have
+copies once and reports it as materialized. Everything else returns new arrays.
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import numpy as np
 from onnxforge.kernels_cy.ops import fast
 from onnxforge.kernels_cy.ops.base import Kernel, NodeSpec, register
 
-__all__ = ["checked_axes", "reshape_target"]
+__all__ = ["FreshCopy", "checked_axes", "reshape_target"]
 
 
 def reshape_target(shape: Any, data_shape: tuple[int, ...], allowzero: int) -> tuple[int, ...]:
@@ -541,6 +542,26 @@ class TensorScatter(Kernel):
             idx[a - 1] = pos
             row = out[b]
             row[tuple(idx)] = update[b]
+        return out
+
+
+class FreshCopy(Kernel):
+    """A view kernel at a node whose output liveness gives a buffer of its own
+    (:func:`~onnxforge.passes.analyses.liveness.may_view` is False: a Slice whose steps
+    are not stated ones): the output is copied when it shares the input's storage, and
+    counted as allocated."""
+
+    fresh = True
+    views_input = False
+
+    def __init__(self, view: Kernel):
+        self.spec_path = view.spec_path
+        self.view = view
+
+    def run(self, x, *rest):
+        out = self.view.run(x, *rest)
+        if isinstance(out, np.ndarray) and isinstance(x, np.ndarray) and np.may_share_memory(out, x):
+            return np.array(out, copy=True, order="C")
         return out
 
 

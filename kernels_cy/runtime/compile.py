@@ -33,6 +33,8 @@ from onnxforge.kernels_cy.matmul.fused import Fused, SwiGLU, find_swiglu
 from onnxforge.kernels_cy.ops.base import REGISTRY, Kernel, NodeSpec, norm_domain
 from onnxforge.kernels_cy.runtime.plan import Program
 from onnxforge.kernels_cy.runtime.runctx import RunContext
+from onnxforge.kernels_cy.ops.shape_ops import FreshCopy
+from onnxforge.passes.analyses.liveness import may_view
 from onnxforge.passes.rewrites.topo import schedule as topo_schedule
 from onnxforge.proto_ext.errors import OnnxforgeError
 from onnxforge.proto_ext.types import TensorType
@@ -72,14 +74,31 @@ def schedule(body: Body, storage: Storage | None = None) -> list[Node]:
     reordering the model. ``storage`` (the model's ``Effects``) names the in-place
     writers; without it, a storage of ``body`` alone is built."""
     if storage is None:
-        if isinstance(body, Graph):
-            storage = Storage(Model(body))
-        else:
-            storage = Storage(Model(Graph("g"), functions={body.id: body}))
+        storage = _body_storage(body)
     try:
         return topo_schedule(body, storage)
     except CycleError as exc:
         raise BackendError(f"no schedule puts every reader of a version before its writer: {exc}") from None
+
+
+def _body_storage(body: Body) -> Storage:
+    """A :class:`Storage` of ``body`` alone (when the caller gives no model effects)."""
+    if isinstance(body, Graph):
+        return Storage(Model(body))
+    return Storage(Model(Graph("g"), functions={body.id: body}))
+
+
+def _shares_input0(node: Node, kern: Kernel) -> bool:
+    """Whether ``node``'s outputs may share its first input's storage in this backend.
+
+    Views are liveness's (:func:`~onnxforge.passes.analyses.liveness.may_view`, the one
+    definition; a view kernel whose output it calls fresh copies, see :class:`FreshCopy`).
+    On top of them the planner keeps in input 0's storage group the outputs of kernels
+    that allocate nothing themselves and run no body: a local-function call (its
+    sub-plan may hand back an argument's storage) and an in-place cache writer."""
+    if not node.inputs or node.inputs[0] is None or node.subgraphs():
+        return False
+    return may_view(node) if kern.views_input else not kern.fresh
 
 
 def _attr_values(node: Node) -> dict[str, Any]:
@@ -183,11 +202,13 @@ class Compiler:
         """Compile ``body`` into a program fed ``body.inputs + captured``."""
         slot: dict[int, int] = {}
         template: list[Any] = []
+        owner: list[Value] = []  # slot -> the value it holds
 
         def new_slot(v: Value, value: Any = None) -> int:
             s = len(template)
             slot[id(v)] = s
             template.append(value)
+            owner.append(v)
             return s
 
         input_slots = [new_slot(v) for v in list(body.inputs) + list(captured)]
@@ -203,6 +224,7 @@ class Compiler:
         order = schedule(body, self.effects)
         steps: list[tuple[Kernel, list[int], list[int], str, list[bool], Node]] = []
         group: dict[int, int] = {}
+        view_src: dict[int, int] = {}  # output slot -> the input slot whose storage it may share
         fused = self._fusions(order, consts)
         for k, node in enumerate(order):
             f = fused.get(id(node))
@@ -216,6 +238,8 @@ class Compiler:
                 continue
             spec = self._spec(node, consts)
             kern = self._kernel(node, spec)
+            if kern.views_input and not may_view(node):
+                kern = FreshCopy(kern)  # liveness gives this output a buffer of its own
             if self._foldable(node, spec, kern, consts):
                 vals = self._fold(node, kern, consts)
                 if vals is not None:
@@ -230,16 +254,19 @@ class Compiler:
             outs = [new_slot(v) for v in node.outputs]
             for v, s in zip(node.outputs, outs):
                 group[s] = s
-            views = not kern.fresh and not node.subgraphs() and not node.output_alias
-            if views and node.outputs and node.inputs and node.inputs[0] is not None:
+            shares = _shares_input0(node, kern)
+            if shares and not node.output_alias and node.outputs:
                 src = slot[id(node.inputs[0])]
                 if src in group:
                     for s in outs:
                         group[s] = group[src]
+            if shares and not any(a.kind == 1 for a in node.output_alias) and ins[0] >= 0:
+                for s in outs:
+                    view_src[s] = ins[0]
             aliased = {a.output_index for a in node.output_alias if a.kind == 1}
             fresh = [bool(kern.fresh) and j not in aliased for j in range(len(outs))]
             steps.append((kern, ins, outs, _label(node), fresh, node))
-        steps = self._materialize_views(steps, [slot[id(v)] for v in body.outputs])
+        steps = self._materialize_views(body, steps, [slot[id(v)] for v in body.outputs], view_src, owner)
         # release lists and storage frees from last uses
         n_steps = len(steps)
         slot_last: dict[int, int] = {}
@@ -308,30 +335,49 @@ class Compiler:
         keep = {slot[id(v)] for v in body.outputs if id(v) in slot}
         return [sorted(set(r) - keep) for r in out]
 
-    def _materialize_views(self, steps: list, out_slots: list[int]) -> list:
+    def _materialize_views(self, body: Body, steps: list, out_slots: list[int], view_src: dict[int, int],
+                           owner: list[Value]) -> list:
         """Before each in-place write, copy the views of the written storage that are
-        read after the write (L13: they name the version before it)."""
+        read after the write (L13: they name the version before it).
+
+        Which storage a slot names is the one alias resolution
+        (:class:`~onnxforge.graphbuilder.ir.storage.Storage`) with one relation of the
+        backend on top: ``view_src``, the outputs that may share their first input's
+        storage (liveness's views, and the outputs of kernels that allocate nothing)."""
         from onnxforge.kernels_cy.ops.shape_ops import Materialize
 
-        view_src: dict[int, int] = {}
-        alias_src: dict[int, int] = {}
         writes: dict[int, list[int]] = {}
         for k, (kern, ins, outs, _, _, node) in enumerate(steps):
-            pairs = [(a.output_index, a.input_index) for a in node.output_alias if a.kind == 1]
-            for o, i in pairs:
-                if o < len(outs) and i < len(ins) and ins[i] >= 0:
-                    alias_src[outs[o]] = ins[i]
-                    writes.setdefault(k, []).append(ins[i])
-            if not kern.fresh and not pairs and ins and ins[0] >= 0 and not node.subgraphs():
-                for s in outs:
-                    view_src[s] = ins[0]
+            for a in node.output_alias:
+                if a.kind == 1 and a.output_index < len(outs) and a.input_index < len(ins) \
+                        and ins[a.input_index] >= 0:
+                    writes.setdefault(k, []).append(ins[a.input_index])
         if not writes:
             return steps
+        storage = self.effects if self.effects is not None else _body_storage(body)
+        slot_of = {id(v): s for s, v in enumerate(owner)}
+        roots: dict[int, int | tuple[str, int]] = {}
 
-        def root(s: int) -> int:
-            while s in view_src or s in alias_src:
-                s = view_src.get(s, alias_src.get(s))
-            return s
+        def root(s: int) -> int | tuple[str, int]:
+            got = roots.get(s)
+            if got is None:
+                r = s
+                seen = {s}
+                while True:
+                    while r in view_src:
+                        r = view_src[r]
+                    owned = storage.root(owner[r])
+                    nxt = slot_of.get(id(owned))
+                    if nxt is None:  # storage of a value this body does not hold
+                        got = ("value", id(owned))
+                        break
+                    if nxt in seen or nxt == r:
+                        got = r
+                        break
+                    seen.add(nxt)
+                    r = nxt
+                roots[s] = got
+            return got
 
         last: dict[int, int] = {}
         born: dict[int, int] = {}
@@ -349,7 +395,8 @@ class Compiler:
                 for v in sorted(view_src):
                     if born[v] < k < last.get(v, -1) and root(v) == r:
                         kern = Materialize()
-                        out.append((kern, [v, r], [v], f"materialize {v} before {st[3]}", [False], st[5]))
+                        out.append((kern, [v, w if isinstance(r, tuple) else r], [v],
+                                    f"materialize {v} before {st[3]}", [False], st[5]))
             out.append(st)
         return out
 

@@ -23,7 +23,9 @@ Views. The output of Identity, Reshape, Squeeze, Unsqueeze, Flatten, or Slice
 whose ``steps`` are absent or constant ones, shares its first input's storage,
 unless that input is a version some node later overwrites in place
 (``Effects.writer(input)`` is set): such a snapshot is materialized into a
-buffer of its own at its step (DESIGN.md, *Semantics of in-place writes*). The
+buffer of its own at its step (DESIGN.md, *Semantics of in-place writes*).
+:func:`may_view` is this rule for one node, the one definition of views: the
+backend's planner asks it (a view kernel at a node it rejects copies), so the
 backend keeps exactly these views, and the memory plan counts them as zero.
 
 Example::
@@ -54,6 +56,7 @@ __all__ = [
     "LivenessAnalysis",
     "ModelLiveness",
     "liveness",
+    "may_view",
     "view_source",
 ]
 
@@ -98,14 +101,22 @@ def _unit_steps(node: Node) -> bool:
         return False
 
 
+def may_view(node: Node) -> bool:
+    """Whether ``node``'s only output may share its first input's storage: the one
+    definition of views, which the backend's planner asks too. An output for which it
+    is False is a buffer of its own in every backend (a kernel may copy where this
+    allows a view, never the reverse)."""
+    if node.op_type not in VIEW_OPS or node.domain not in ("", "ai.onnx"):
+        return False
+    if len(node.outputs) != 1 or not node.inputs or node.inputs[0] is None:
+        return False
+    return node.op_type != "Slice" or _unit_steps(node)
+
+
 def view_source(node: Node, effects: Effects) -> Value | None:
     """The value whose storage ``node``'s only output views, or None when the output
     gets a buffer of its own (see the module docstring for the rule)."""
-    if node.op_type not in VIEW_OPS or node.domain not in ("", "ai.onnx"):
-        return None
-    if len(node.outputs) != 1 or not node.inputs or node.inputs[0] is None:
-        return None
-    if node.op_type == "Slice" and not _unit_steps(node):
+    if not may_view(node):
         return None
     src = node.inputs[0]
     if effects.writer(src) is not None:  # a snapshot of a version overwritten later
