@@ -62,10 +62,16 @@ _EXPORTS: dict[str, str] = {
     "backend_ops": "onnxforge.kernels_cy.runtime.session",
     "make_state": "onnxforge.kernels_cy.runtime.state",
     "make_stateful": "onnxforge.passes.stateful.convert",
+    # text in, text out
+    "Generator": "onnxforge.text.generator",
+    "Sampling": "onnxforge.text.sampling",
+    "SamplingError": "onnxforge.text.errors",
+    "TextError": "onnxforge.text.errors",
+    "TokenizerFileError": "onnxforge.text.errors",
 }
 
 # Subpackages reachable as attributes (``of.passes.optimize``) once asked for.
-_SUBMODULES = frozenset({"api", "cli", "errors", "graphbuilder", "kernels_cy", "passes", "proto_ext"})
+_SUBMODULES = frozenset({"api", "cli", "errors", "graphbuilder", "kernels_cy", "passes", "proto_ext", "text"})
 
 __all__ = ["__version__", *_EXPORTS]
 
@@ -94,6 +100,11 @@ if TYPE_CHECKING:
     from onnxforge.proto_ext.errors import OnnxforgeError as OnnxforgeError
     from onnxforge.proto_ext.errors import VerificationError as VerificationError
     from onnxforge.proto_ext.errors import WireError as WireError
+    from onnxforge.text.errors import SamplingError as SamplingError
+    from onnxforge.text.errors import TextError as TextError
+    from onnxforge.text.errors import TokenizerFileError as TokenizerFileError
+    from onnxforge.text.generator import Generator as Generator
+    from onnxforge.text.sampling import Sampling as Sampling
 
 
 def __getattr__(name: str) -> Any:

@@ -18,9 +18,12 @@
                       [--page-size N] [--formats F,...]] [--json]
                                                   past/present decoder -> in-place stateful model
                                                   (persistent bindings, capacity-N caches)
-    onnxforge generate MODEL (--prompt-ids 5,17,42 | --prompt-len P) --new N [--cache paged
-                      [--page-size N] [--formats F,...]] [--json]
-                                                  greedy decode through the in-place state:
+    onnxforge generate MODEL (--prompt TEXT [--chat] | --chat | --prompt-ids 5,17,42 | --prompt-len P)
+                      [--new N] [--temperature T --top-k K --top-p P --repetition-penalty R
+                      --seed S] [--stop STRING ...] [--cache paged [--page-size N]
+                      [--formats F,...]] [--json]
+                                                  decode through the in-place state: streamed
+                                                  text (with the model folder's tokenizer) or
                                                   tokens, per-token latency, cache bytes,
                                                   allocations, copies, cache addresses
     onnxforge demo [-o DIR]                       the built-in stateful decoder through the toolchain
@@ -409,6 +412,9 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
     label = args.model
     if not str(args.model).startswith(_BUILTIN):  # genai_config.json sits beside the file
+        from onnxforge.text.generator import model_file
+
+        args.model = str(model_file(args.model))  # a folder: its decoder file
         args.config_from = args.model
     args.model = _load_ir(args.model, verified=True)
     return generate_command(args, label=label)

@@ -1,4 +1,9 @@
-"""``onnxforge generate MODEL (--prompt-ids 5,17,42 | --prompt-len P) --new N [--json]``.
+"""``onnxforge generate MODEL (--prompt TEXT [--chat] | --prompt-ids 5,17,42 | --prompt-len P) [--new N] [--json]``.
+
+With ``--prompt`` (or ``--chat``) MODEL is a folder or a ``.onnx`` whose folder holds the
+tokenizer: the text streams to stdout as tokens arrive and the stats go to stderr, through
+:class:`~onnxforge.text.generator.Generator` (sampling: ``--temperature``, ``--top-k``,
+``--top-p``, ``--repetition-penalty``, ``--seed``; ``--stop`` strings). With token ids:
 
 Greedy decoding through :func:`~onnxforge.kernels_cy.runtime.state.make_state`: the caches
 live in the state and are updated in place. A past/present decoder (the
@@ -27,16 +32,15 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
 from onnxforge.commands.cache import add_cache_options, cache_options
+from onnxforge.commands.text import add_text_options, no_text_options, text_command
 from onnxforge.graphbuilder.ir.core import Model
 from onnxforge.kernels_cy.errors import FeedError, StateError
+from onnxforge.text.generator import check_decoder, context_of, last_logits, step_feeds
 
 __all__ = ["SUMMARY", "add_generate_parser", "generate", "generate_command"]
 
-SUMMARY = "greedily decode tokens through the persistent state (caches updated in place)"
-
-_KNOWN = ("input_ids", "position", "attention_mask", "position_ids")
+SUMMARY = "decode text or tokens through the persistent state (caches updated in place)"
 
 
 def add_generate_parser(subparsers: Any, **parser_kwargs: Any) -> argparse.ArgumentParser:
@@ -44,11 +48,14 @@ def add_generate_parser(subparsers: Any, **parser_kwargs: Any) -> argparse.Argum
     parser_kwargs.setdefault("help", SUMMARY)
     parser_kwargs.setdefault("description", SUMMARY)
     p = subparsers.add_parser("generate", **parser_kwargs)
-    p.add_argument("model", help="model path (.onnx)")
-    prompt = p.add_mutually_exclusive_group(required=True)
+    p.add_argument("model", help="model path (.onnx), or its folder (with --prompt or --chat)")
+    prompt = p.add_mutually_exclusive_group()
+    prompt.add_argument("--prompt", metavar="TEXT", help="a text prompt (the model's folder holds tokenizer.json)")
     prompt.add_argument("--prompt-ids", metavar="IDS", help="comma-separated prompt token ids, e.g. 5,17,42")
     prompt.add_argument("--prompt-len", type=int, metavar="P", help="a synthetic prompt of P tokens")
-    p.add_argument("--new", type=int, required=True, metavar="N", help="tokens to generate")
+    p.add_argument("--new", "--max-new", dest="new", type=int, default=None, metavar="N",
+                   help="tokens to generate (required with token ids; with text: until EOS or the context)")
+    add_text_options(p)
     p.add_argument("--threads", type=int, default=None, metavar="N",
                    help="bound the backend's threads and BLAS to N (default: every core)")
     add_cache_options(p)
@@ -59,6 +66,8 @@ def add_generate_parser(subparsers: Any, **parser_kwargs: Any) -> argparse.Argum
 
 
 def _prompt(args: argparse.Namespace) -> list[int]:
+    if args.prompt_ids is None and args.prompt_len is None:
+        raise FeedError("give a prompt: --prompt TEXT, --chat, --prompt-ids IDS or --prompt-len P")
     if args.prompt_ids is not None:
         try:
             ids = [int(t) for t in str(args.prompt_ids).split(",") if t.strip()]
@@ -85,21 +94,6 @@ def _stateful(model: Model, capacity: int, options: dict[str, Any] | None = None
         _no_layout_for_stateful(options)
         return model
     return make_stateful(model, max_length=capacity, batch=1, genai_config=genai_config, **options)
-
-
-def _context(model: Model, config: dict[str, Any] | None) -> tuple[int, str] | None:
-    """The most positions the model can attend to, and where that number comes from:
-    genai_config.json's ``model.context_length``, else the rows of the rotary cache
-    (``cos_cache``'s first dimension); None when neither says."""
-    length = ((config or {}).get("model") or {}).get("context_length")
-    if isinstance(length, int) and not isinstance(length, bool) and length > 0:
-        return length, "model.context_length of genai_config.json"
-    for g in model.all_graphs():
-        for v in g.all_initializers():
-            dims = getattr(v.const, "dims", None)
-            if v.name.rsplit("/", 1)[-1].endswith("cos_cache") and dims and isinstance(dims[0], int):
-                return int(dims[0]), f"the rows of the rotary cache {v.name!r}"
-    return None
 
 
 def _fit(prompt: list[int], new: int, limit: int, source: str) -> int:
@@ -156,22 +150,14 @@ def generate(model: Model | str, prompt: list[int], new: int, *, threads: int | 
 
         model = serde.load(model)
     asked, clamped = new, None
-    context = _context(model, config)
+    context = context_of(model, config)
     if context is not None:
         new = _fit(prompt, new, *context)
         clamped = context if new < asked else None
     model = _stateful(model, len(prompt) + new, cache, config)
     state = make_state(model, threads=threads, dims={"batch_size": 1, "batch": 1})
     try:
-        free = [v.name for v in model.graph.inputs if v.name not in {b.input for b in state.bindings}]
-        unknown = [n for n in free if n not in _KNOWN]
-        if "input_ids" not in free or unknown:
-            raise StateError(f"generate feeds input_ids, position, attention_mask and position_ids; "
-                             f"the model's per-call inputs are {free}")
-        outputs = [v.name for v in model.graph.outputs]
-        if "logits" not in outputs:
-            raise StateError(f"generate reads the next token from an output named 'logits' "
-                             f"[batch, sequence, vocabulary]; the model's outputs are {outputs}")
+        free = check_decoder(model, state)
         cap = _capacity(state)
         if cap is not None and len(prompt) + new - 1 > cap:
             new = _fit(prompt, new, cap, "the capacity of the state's caches")
@@ -192,22 +178,12 @@ def generate(model: Model | str, prompt: list[int], new: int, *, threads: int | 
 
         ids, done = list(prompt), 0
         for _ in tqdm(range(new), desc="generate", unit="tok", file=sys.stderr, disable=not progress):
-            feeds: dict[str, np.ndarray] = {"input_ids": np.array([ids], np.int64)}
-            if "position" in free:
-                feeds["position"] = np.array(done, np.int64)
-            if "attention_mask" in free:
-                feeds["attention_mask"] = np.ones((1, done + len(ids)), np.int64)
-            if "position_ids" in free:
-                feeds["position_ids"] = np.arange(done, done + len(ids), dtype=np.int64)[None, :]
+            feeds = step_feeds(free, ids, done)
             t0 = time.perf_counter()
             out = state.run(feeds)
             ms = (time.perf_counter() - t0) * 1e3
             done += len(ids)
-            logits = np.asarray(out["logits"])
-            if logits.ndim != 3 or logits.shape[1] < 1 or logits.shape[2] < 1:
-                raise StateError(f"the model's 'logits' came back with shape {list(logits.shape)}; generate "
-                                 f"needs [batch, sequence, vocabulary]")
-            token = int(logits[0, -1].argmax())
+            token = int(last_logits(out).argmax())
             c = state.last_run
             report["tokens"].append(token)
             report["step_ms"].append(round(ms, 4))
@@ -225,7 +201,13 @@ def generate(model: Model | str, prompt: list[int], new: int, *, threads: int | 
 
 def generate_command(args: argparse.Namespace, label: str | None = None) -> int:
     """Run ``generate`` for ``args.model`` (a path or an IR model); returns the exit status."""
-    report = generate(args.model, _prompt(args), int(args.new), threads=args.threads,
+    if args.prompt is not None or args.chat:
+        return text_command(args)
+    no_text_options(args)
+    prompt = _prompt(args)
+    if args.new is None:
+        raise FeedError("--new N is required with --prompt-ids and --prompt-len")
+    report = generate(args.model, prompt, int(args.new), threads=args.threads,
                       progress=not getattr(args, "quiet", False), cache=cache_options(args),
                       warn=lambda message: print(f"warning: {message}", file=sys.stderr, flush=True),
                       config_from=getattr(args, "config_from", None))
