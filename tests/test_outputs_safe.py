@@ -349,7 +349,7 @@ def test_generate_clamps_to_the_genai_context_length(decoder_models, tmp_path, c
 
 @pytest.mark.slow
 def test_generate_without_genai_config_reads_the_rotary_rows(decoder_models, tmp_path):
-    from onnxforge.commands.generate import _context
+    from onnxforge.text.generator import context_of as _context
 
     model = _genai_copy(decoder_models["genai_fp32"], tmp_path / "g", context_length=None)
     assert _context(of.load(model), None) == (2048, "the rows of the rotary cache 'cos_cache'")
