@@ -4,7 +4,7 @@ Prints one table: time per call of each kernel and its peers, and the ratio
 peer / ours (above 1 means the kernel is faster). Shapes are those of the medium
 decoder (hidden 512, 8 heads, 4 KV heads, head_dim 64). Not part of the test suite.
 
-    python benchmarks/kernels.py [--threads 2] [--repeat 200]
+    python benchmarks/kernel_speed.py [--threads 2] [--repeat 200]
 """
 from __future__ import annotations
 
