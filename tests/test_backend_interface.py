@@ -26,10 +26,6 @@ from onnxforge.kernels_cy.errors import FeedError, UnsupportedAttributeError, Un
 _REFUSALS = (UnsupportedOperatorError, UnsupportedAttributeError, FeedError)
 
 _XFAIL = {
-    "test_cast_e8m0_FLOAT_to_FLOAT8E8M0_cpu":
-        "Cast to FLOAT8E8M0 (saturate) of a NaN/inf element differs from onnx's expected code",
-    "test_cast_e8m0_FLOAT16_to_FLOAT8E8M0_cpu":
-        "Cast to FLOAT8E8M0 (saturate) of a NaN/inf element differs from onnx's expected code",
     "test_mvn_cpu":
         "onnx.checker's full check (rule X1) rejects the Constant in MeanVarianceNormalization's "
         "own function body, so verification refuses a model onnx ships",

@@ -299,9 +299,38 @@ class Clip(Kernel):
         return out
 
 
-def _cast_to(x: np.ndarray, dtype: np.dtype, saturate: bool) -> np.ndarray:
+def _to_e8m0(x: np.ndarray, saturate: bool, round_mode: str) -> np.ndarray:
+    """float8_e8m0fnu codes of ``x`` (Cast-25): a code is a float32 biased exponent, so
+    the code of ``|x|`` is its float32 exponent field, raised by one when ``round_mode``
+    rounds the mantissa up ("up": any fraction; "nearest": more than half, or exactly
+    half above the smallest exponent; "down": never). NaN and infinities give 0xFF (NaN);
+    with ``saturate`` a value above the largest power of two stays at 0xFE instead of
+    overflowing to NaN."""
+    bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    exponent = ((bits >> 23) & 0xFF).astype(np.uint16)
+    mantissa = bits & 0x7FFFFF
+    if round_mode == "up":
+        bump = mantissa > 0
+    elif round_mode == "nearest":
+        half = np.uint32(0x400000)
+        bump = (mantissa > half) | ((mantissa == half) & (exponent > 0))
+    else:
+        bump = np.zeros(exponent.shape, dtype=bool)
+    special = exponent == 0xFF
+    bump &= ~special
+    if saturate:
+        bump &= exponent != 0xFE
+    import ml_dtypes
+
+    codes = np.where(special, 0xFF, exponent + bump).astype(np.uint8)
+    return codes.view(ml_dtypes.float8_e8m0fnu)
+
+
+def _cast_to(x: np.ndarray, dtype: np.dtype, saturate: bool, round_mode: str = "up") -> np.ndarray:
     if dtype == x.dtype:
         return np.array(x, copy=True)
+    if dtype.name == "float8_e8m0fnu" and x.dtype.kind in "fiub" and x.dtype.name != "float8_e8m0fnu":
+        return _to_e8m0(x, saturate, round_mode)
     if dtype.kind == "U" or dtype == np.dtype(object):
         return x.astype(str).astype(object)
     if x.dtype == np.dtype(object) or x.dtype.kind == "U":
@@ -333,12 +362,13 @@ class Cast(Kernel):
             except CodecError:
                 raise spec.fail(f"attribute to={to} names no supported element type") from None
         self.saturate = bool(spec.int("saturate", 1))
+        self.round_mode = spec.choice("round_mode", "up", ("up", "down", "nearest"))
         self.plain = self.dtype in _PLAIN
 
     def run(self, x):
         if self.plain and x.dtype in _PLAIN and x.dtype != self.dtype:
             return x.astype(self.dtype)
-        return _cast_to(x, self.dtype, self.saturate)
+        return _cast_to(x, self.dtype, self.saturate, self.round_mode)
 
 
 _PLAIN = frozenset(np.dtype(t) for t in (np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16,
@@ -350,6 +380,7 @@ class CastLike(Kernel):
     def __init__(self, spec: NodeSpec):
         super().__init__(spec)
         self.saturate = bool(spec.int("saturate", 1))
+        self.round_mode = spec.choice("round_mode", "up", ("up", "down", "nearest"))
 
     def run(self, x, like):
-        return _cast_to(x, like.dtype, self.saturate)
+        return _cast_to(x, like.dtype, self.saturate, self.round_mode)
