@@ -306,6 +306,8 @@ def _to_e8m0(x: np.ndarray, saturate: bool, round_mode: str) -> np.ndarray:
     half above the smallest exponent; "down": never). NaN and infinities give 0xFF (NaN);
     with ``saturate`` a value above the largest power of two stays at 0xFE instead of
     overflowing to NaN."""
+    import ml_dtypes
+
     bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
     exponent = ((bits >> 23) & 0xFF).astype(np.uint16)
     mantissa = bits & 0x7FFFFF
@@ -320,8 +322,6 @@ def _to_e8m0(x: np.ndarray, saturate: bool, round_mode: str) -> np.ndarray:
     bump &= ~special
     if saturate:
         bump &= exponent != 0xFE
-    import ml_dtypes
-
     codes = np.where(special, 0xFF, exponent + bump).astype(np.uint8)
     return codes.view(ml_dtypes.float8_e8m0fnu)
 
@@ -329,12 +329,12 @@ def _to_e8m0(x: np.ndarray, saturate: bool, round_mode: str) -> np.ndarray:
 def _cast_to(x: np.ndarray, dtype: np.dtype, saturate: bool, round_mode: str = "up") -> np.ndarray:
     if dtype == x.dtype:
         return np.array(x, copy=True)
-    if dtype.name == "float8_e8m0fnu" and x.dtype.kind in "fiub" and x.dtype.name != "float8_e8m0fnu":
-        return _to_e8m0(x, saturate, round_mode)
     if dtype.kind == "U" or dtype == np.dtype(object):
         return x.astype(str).astype(object)
     if x.dtype == np.dtype(object) or x.dtype.kind == "U":
         return x.astype(np.float64 if dtype.kind == "f" or dtype.kind == "V" else dtype).astype(dtype)
+    if dtype.name == "float8_e8m0fnu":  # every numeric source, through its float32 value
+        return _to_e8m0(x, saturate, round_mode)
     name = dtype.name
     if saturate and name.startswith("float8"):
         import ml_dtypes

@@ -1,8 +1,10 @@
 """Cast and CastLike to FLOAT8E8M0 (Cast-25's ``round_mode``) against onnx.reference, on
 random magnitudes across the whole float32 exponent range, both signs, zeros,
-subnormals, exact powers of two, halves, infinities and NaN."""
+subnormals, exact powers of two, halves, infinities and NaN, from float32, float16 and
+bfloat16."""
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import onnx
 import pytest
@@ -40,12 +42,12 @@ def _model(op: str, round_mode: str, saturate: int, dtype: int) -> onnx.ModelPro
 @pytest.mark.parametrize("op", ["Cast", "CastLike"])
 @pytest.mark.parametrize("round_mode", ["up", "down", "nearest"])
 @pytest.mark.parametrize("saturate", [1, 0])
-@pytest.mark.parametrize("dtype", [TensorProto.FLOAT, TensorProto.FLOAT16])
+@pytest.mark.parametrize("dtype", [TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16])
 def test_e8m0_codes_equal_onnx_reference(op, round_mode, saturate, dtype):
     x = _inputs()
-    if dtype == TensorProto.FLOAT16:
+    if dtype != TensorProto.FLOAT:
         with np.errstate(over="ignore"):
-            x = x.astype(np.float16)
+            x = x.astype(np.float16 if dtype == TensorProto.FLOAT16 else ml_dtypes.bfloat16)
     model = _model(op, round_mode, saturate, dtype)
     # onnx.reference's CastLike takes no round_mode: its Cast is the oracle for both
     (expect,) = ReferenceEvaluator(_model("Cast", round_mode, saturate, dtype)).run(None, {"x": x})
