@@ -91,19 +91,23 @@ class Conv(_ConvBase):
             y = numpy_path.conv(x.reshape(n, c, *geo.lift()[0]), w.reshape(m, cg, *geo.lift()[2]),
                                 group, *geo.lift()).reshape(n, m, *geo.outs)
         else:
-            y = self._f32(np.ascontiguousarray(x), np.ascontiguousarray(w), b, geo, group)
-            b = None if group == c and group > 1 else b  # the depthwise loop adds it
+            direct = group == c and group > 1 and bool(np.isfinite(w).all())
+            y = self._f32(np.ascontiguousarray(x), np.ascontiguousarray(w), b, geo, group, direct)
+            b = None if direct else b  # the depthwise loop adds it
         if b is not None:
             y += b.reshape((1, m) + (1,) * len(geo.outs))
         return y
 
     def _f32(self, x: np.ndarray, w: np.ndarray, b: np.ndarray | None, geo: Geometry,
-             group: int) -> np.ndarray:
+             group: int, direct: bool) -> np.ndarray:
+        """``direct``: the depthwise loop, which skips the taps over padding; with a non-finite
+        weight the product path runs instead, so that ``inf * 0`` there is NaN as the
+        definition (zero padding) says."""
         n, c = x.shape[:2]
         m, cg = w.shape[:2]
         ins, outs, kernel, strides, dilations, pads = geo.lift()
         k, s_out, s_in = size(kernel), size(outs), size(ins)
-        if group == c and group > 1:  # depthwise: one input channel per group
+        if direct:  # depthwise: one input channel per group
             y = np.empty((n, m, *geo.outs), F32)
             bias = None if b is None else np.ascontiguousarray(b)
             return _conv.depthwise(x, w, bias, y, n, m // c, (c,) + ins, outs, kernel, strides,

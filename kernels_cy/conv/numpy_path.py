@@ -34,7 +34,7 @@ def conv(x: np.ndarray, w: np.ndarray, group: int, ins: tuple[int, ...], outs: t
     wg = w.reshape(group, mg, cg, *kernel)
     for tap in _taps(kernel):
         sl = tuple(slice(t * d, t * d + (o - 1) * s + 1, s) for t, d, o, s in zip(tap, dilations, outs, strides))
-        xs = xp[(slice(None), slice(None)) + sl].reshape(n, group, cg, -1)
+        xs = xp[(slice(None), slice(None)) + sl].reshape(n, group, cg, int(np.prod(outs)))
         y += np.matmul(wg[(Ellipsis,) + tap], xs)
     return y.reshape(n, m, *outs)
 
@@ -52,7 +52,7 @@ def conv_transpose(x: np.ndarray, w: np.ndarray, group: int, ins: tuple[int, ...
     lead = [max(0, -p) for p in pads]  # room before position 0 when the output starts earlier
     ext = [ld + max(f, p + o) for ld, f, p, o in zip(lead, full, pads, outs)]
     yp = np.zeros((n, group, mg, *ext), dtype=x.dtype)
-    xg = x.reshape(n, group, cg, -1)
+    xg = x.reshape(n, group, cg, int(np.prod(ins)))
     wt = np.swapaxes(w.reshape(group, cg, mg, *kernel), 1, 2)  # [G, Mg, Cg, *kernel]
     for tap in _taps(kernel):
         part = np.matmul(wt[(Ellipsis,) + tap], xg).reshape(n, group, mg, *ins)
@@ -60,4 +60,4 @@ def conv_transpose(x: np.ndarray, w: np.ndarray, group: int, ins: tuple[int, ...
                    for ld, t, d, i, s in zip(lead, tap, dilations, ins, strides))
         yp[(slice(None),) * 3 + sl] += part
     crop = tuple(slice(ld + p, ld + p + o) for ld, p, o in zip(lead, pads, outs))
-    return yp[(slice(None),) * 3 + crop].reshape(n, group * mg, *outs)
+    return np.ascontiguousarray(yp[(slice(None),) * 3 + crop].reshape(n, group * mg, *outs))
