@@ -151,10 +151,10 @@ def transpose_geometry(a: ConvAttrs, x_shape: Sequence[int], w_shape: Sequence[i
                        error: Callable[[str], Exception]) -> Geometry:
     """ConvTranspose: the full extent is ``s * (in - 1) + output_padding + (k - 1) * d + 1``;
     explicit pads crop it, or ``output_shape`` (else, with SAME_*, ``in * s``) fixes the
-    output and the total padding ``full - out`` is split as the spec says (floor division):
-    ``total // 2`` at the beginning for SAME_UPPER, ``total - total // 2`` otherwise. A
-    negative total (an output past the full extent, e.g. a stride larger than the kernel)
-    gives a negative pad: the output extends there, with zeros."""
+    output and the total padding ``full - out`` is split as the spec says: ``total // 2``
+    at the beginning for SAME_UPPER, ``total - total // 2`` otherwise. An output past the
+    full extent (a negative total, e.g. a stride larger than the kernel) has no padding
+    to split: it starts at position 0 and ends in zeros, as onnxruntime does."""
     nd, kernel, strides, dilations, pads = _common(a, x_shape, w_shape, error)
     ins = tuple(int(i) for i in x_shape[2:])
     if min(ins) < 1:
@@ -167,7 +167,7 @@ def transpose_geometry(a: ConvAttrs, x_shape: Sequence[int], w_shape: Sequence[i
     for i in range(nd):
         full = strides[i] * (ins[i] - 1) + out_pad[i] + (kernel[i] - 1) * dilations[i] + 1
         if target is not None:
-            total = full - target[i]
+            total = max(0, full - target[i])
             begin = total // 2 if a.auto_pad == "SAME_UPPER" else total - total // 2
             out = target[i]
         else:

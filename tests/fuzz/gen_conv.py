@@ -113,7 +113,7 @@ def _transpose_definition(group: int, strides: list[int], dilations: list[int], 
                           auto_pad: str, pads: list[int] | None) -> Callable[[dict[str, np.ndarray]], list[np.ndarray]]:
     """``y[n, g Mg + m, i s - pad + k d] += w[g Cg + c, m, k] x[n, g Cg + c, i]`` in float64,
     with the spec's pads (explicit, or SAME_*: output ``in * s``, total padding split with
-    the odd one at the end for SAME_UPPER)."""
+    the odd one at the end for SAME_UPPER; an output past the full extent ends in zeros)."""
 
     def run(feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
         x, w = feeds["x"].astype(np.float64), feeds["w"].astype(np.float64)
@@ -124,7 +124,7 @@ def _transpose_definition(group: int, strides: list[int], dilations: list[int], 
         for i in range(nd):
             full = strides[i] * (x.shape[2 + i] - 1) + out_pad[i] + (w.shape[2 + i] - 1) * dilations[i] + 1
             if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
-                total = full - x.shape[2 + i] * strides[i]
+                total = max(0, full - x.shape[2 + i] * strides[i])  # longer: zeros at the end
                 begins.append(total // 2 if auto_pad == "SAME_UPPER" else total - total // 2)
                 outs.append(x.shape[2 + i] * strides[i])
             else:
