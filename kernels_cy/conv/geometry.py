@@ -104,7 +104,9 @@ def _per_axis(v: tuple[int, ...] | None, nd: int, default: int, name: str,
 
 
 def _common(a: ConvAttrs, x_shape: Sequence[int], w_shape: Sequence[int],
-            error: Callable[[str], Exception]) -> tuple[int, tuple[int, ...], ...]:
+            error: Callable[[str], Exception]
+            ) -> tuple[int, tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+    """Rank, kernel, strides, dilations and pads (begins then ends) of one call, checked."""
     nd = len(x_shape) - 2
     if not 1 <= nd <= MAX_RANK:
         raise error(f"input must have rank 3, 4 or 5 (1-D to 3-D), got shape {list(x_shape)}")

@@ -8,6 +8,7 @@ ConvTranspose is a BLAS product of the transposed weights with a band of input r
 followed by a compiled col2im. Bands bound the column scratch to about
 :data:`COL_BYTES`. float64 goes through :mod:`.numpy_path`. Nothing about the input size
 is fixed at plan time: the geometry (:mod:`.geometry`) is worked out per call.
+Without the compiled extension every dtype takes the numpy path.
 """
 from __future__ import annotations
 
@@ -16,9 +17,10 @@ from collections.abc import Callable
 import ml_dtypes
 import numpy as np
 
-from onnxforge.kernels_cy.conv import _conv, numpy_path
+from onnxforge.kernels_cy.conv import numpy_path
 from onnxforge.kernels_cy.conv.geometry import ConvAttrs, Geometry, conv_geometry, parse, size, transpose_geometry
 from onnxforge.kernels_cy.ops.base import Kernel, NodeSpec, register
+from onnxforge.kernels_cy.ops.fast import cython_kernel
 from onnxforge.kernels_cy.runtime.threads import BLAS
 
 __all__ = ["COL_BYTES", "Conv", "ConvTranspose"]
@@ -26,6 +28,11 @@ __all__ = ["COL_BYTES", "Conv", "ConvTranspose"]
 F32 = np.dtype(np.float32)
 F64 = np.dtype(np.float64)
 _WIDENED = frozenset({np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)})  # computed in float32
+# the compiled loops (None without the extension: every dtype then takes the numpy path)
+im2col = cython_kernel("conv._conv", "im2col")
+col2im = cython_kernel("conv._conv", "col2im")
+depthwise = cython_kernel("conv._conv", "depthwise")
+COMPILED = im2col is not None and col2im is not None and depthwise is not None
 COL_BYTES = 8 << 20  # column scratch per band: large enough for BLAS, small enough for the cache levels
 
 
@@ -87,9 +94,10 @@ class Conv(_ConvBase):
                              f"{c} channels in {group} group(s): expected {c // group}")
         self._bias(b, m)
         geo = conv_geometry(self.attrs, x.shape, w.shape, self.error)
-        if x.dtype != F32:
-            y = numpy_path.conv(x.reshape(n, c, *geo.lift()[0]), w.reshape(m, cg, *geo.lift()[2]),
-                                group, *geo.lift()).reshape(n, m, *geo.outs)
+        if x.dtype != F32 or not COMPILED:
+            lifted = geo.lift()
+            y = numpy_path.conv(x.reshape(n, c, *lifted[0]), w.reshape(m, cg, *lifted[2]),
+                                group, *lifted).reshape(n, m, *geo.outs)
         else:
             direct = group == c and group > 1 and bool(np.isfinite(w).all())
             y = self._f32(np.ascontiguousarray(x), np.ascontiguousarray(w), b, geo, group, direct)
@@ -110,7 +118,7 @@ class Conv(_ConvBase):
         if direct:  # depthwise: one input channel per group
             y = np.empty((n, m, *geo.outs), F32)
             bias = None if b is None else np.ascontiguousarray(b)
-            return _conv.depthwise(x, w, bias, y, n, m // c, (c,) + ins, outs, kernel, strides,
+            return depthwise(x, w, bias, y, n, m // c, (c,) + ins, outs, kernel, strides,
                                    dilations, pads, num_threads=self.threads_for(n * m * s_out * k))
         if n * m * s_out == 0 or cg == 0:
             return np.zeros((n, m, *geo.outs), F32)
@@ -131,7 +139,7 @@ class Conv(_ConvBase):
                 for r0 in range(0, rows, band):
                     r1 = min(rows, r0 + band)
                     cols = col[:cg * k * (r1 - r0) * ow].reshape(cg * k, (r1 - r0) * ow)
-                    _conv.im2col(xg[i, g], cols, (cg,) + ins, outs, kernel, strides, dilations,
+                    im2col(xg[i, g], cols, (cg,) + ins, outs, kernel, strides, dilations,
                                  pads, r0, r1, num_threads=nt)
                     np.matmul(wr[g], cols, out=y[i, g, :, r0 * ow:r1 * ow])
         return y.reshape(n, m, *geo.outs)
@@ -158,7 +166,7 @@ class ConvTranspose(_ConvBase):
         self._bias(b, m)
         geo = transpose_geometry(self.attrs, x.shape, w.shape, self.error)
         lifted = geo.lift()
-        if x.dtype != F32:
+        if x.dtype != F32 or not COMPILED:
             y = numpy_path.conv_transpose(x.reshape(n, c, *lifted[0]), w.reshape(c, mg, *lifted[2]),
                                           group, *lifted).reshape(n, m, *geo.outs)
         else:
@@ -189,6 +197,6 @@ class ConvTranspose(_ConvBase):
                     r1 = min(rows, r0 + band)
                     cols = col[:mg * k * (r1 - r0) * iw].reshape(mg * k, (r1 - r0) * iw)
                     np.matmul(wt[g], xg[i, g, :, r0 * iw:r1 * iw], out=cols)
-                    _conv.col2im(cols, y[i, g], (mg,) + ins, outs, kernel, strides, dilations,
+                    col2im(cols, y[i, g], (mg,) + ins, outs, kernel, strides, dilations,
                                  pads, r0, r1, num_threads=nt)
         return y.reshape(n, group * mg, *geo.outs)

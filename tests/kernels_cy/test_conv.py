@@ -459,3 +459,18 @@ def test_compiled_core_checks_its_buffers():
         _conv.im2col(x.astype(np.float64), col, *geo, 0, 3)
     with pytest.raises(KernelError, match="C-contiguous"):
         _conv.im2col(x, np.zeros((3 * 4, 2 * 4), np.float32).T, *geo, 0, 3)
+
+
+def test_without_the_extension_float32_takes_the_numpy_path(monkeypatch):
+    from onnxforge.kernels_cy.conv import kernels
+
+    monkeypatch.setattr(kernels, "COMPILED", False)
+    rng = np.random.default_rng(11)
+    for op, wshape, attrs in [("Conv", (6, 2, 3, 2), dict(group=2, strides=[2, 1], pads=[1, 0, 0, 1])),
+                              ("Conv", (4, 1, 3, 3), dict(group=4, pads=[1, 1, 1, 1])),
+                              ("ConvTranspose", (4, 3, 3, 2), dict(group=2, strides=[2, 3], pads=[1, 0, 0, 1]))]:
+        feeds = {"x": rng.standard_normal((2, 4, 5, 6)).astype(np.float32),
+                 "w": rng.standard_normal(wshape).astype(np.float32)}
+        got = _ours(op, feeds, **attrs)
+        assert got.dtype == np.float32
+        _close(got, _ort(op, feeds, **attrs))
