@@ -401,3 +401,15 @@ def test_pool_nd_checks_its_operands():
         pool_nd(x, np.zeros((1, 1, 9), np.float32), None, MODE_MAX, [1], [1], [1], [0], [5])
     with pytest.raises(KernelError, match="empty row"):
         global_pool(np.zeros((2, 0), np.float32), np.zeros(2, np.float32), MODE_MAX)
+
+
+@pytest.mark.parametrize(("op", "attrs"), [
+    ("MaxPool", {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}),
+    ("AveragePool", {"kernel_shape": [3, 3], "strides": [1, 1], "pads": [1, 1, 1, 1], "count_include_pad": 1}),
+    ("LpPool", {"kernel_shape": [2, 2], "strides": [2, 2], "p": 2}),
+    ("GlobalAveragePool", {}),
+])
+def test_large_planes_run_in_parallel_like_onnxruntime(op, attrs):
+    x = np.random.default_rng(4).standard_normal((2, 16, 48, 40)).astype(np.float32)
+    model = _model(op, x, 1, **attrs)
+    _close(_ours(model, x, threads=2)[0], _ort(model, x)[0], x.dtype)
