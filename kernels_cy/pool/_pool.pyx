@@ -17,6 +17,7 @@ double. A window with no tap inside the input (dilated taps all in the padding) 
 """
 from libc.float cimport FLT_MAX
 from libc.math cimport NAN, fabs, pow, sqrt
+from libc.stdlib cimport free, malloc
 
 include "_common.pxi"
 
@@ -70,6 +71,74 @@ cdef inline void _taps(const _Job* j, int a, Py_ssize_t o, Py_ssize_t* st, Py_ss
     padded[0] = ends
 
 
+cdef void _interior(const _Job* j, const float* xp, float* y, double* acc, Py_ssize_t n,
+                    Py_ssize_t st0, Py_ssize_t lo0, Py_ssize_t hi0, Py_ssize_t c0,
+                    Py_ssize_t st1, Py_ssize_t lo1, Py_ssize_t hi1, Py_ssize_t c1, Py_ssize_t start) noexcept nogil:
+    """``n`` consecutive outputs along the last axis whose windows lie inside the input on
+    that axis (the first starts at input column ``start``), no indices: taps in the same
+    row-major order as the scalar path, each applied to the whole run of outputs at once
+    (a maximum keeps the first tap and takes a strictly greater later one, as there)."""
+    cdef Py_ssize_t i, j0, j1, j2, k2 = j.k[2], d2 = j.d[2], s2 = j.s[2], in1 = j.inp[1], in2 = j.inp[2]
+    cdef Py_ssize_t count
+    cdef const float* src
+    cdef float v
+    cdef double p_exp = j.p
+    cdef bint first = True
+    if hi0 <= lo0 or hi1 <= lo1:  # no tap inside the input on a leading axis
+        for i in range(n):
+            y[i] = -FLT_MAX if j.mode == 0 else 0.0
+        return
+    if j.mode != 0:
+        for i in range(n):
+            acc[i] = 0.0
+    for j0 in range(lo0, hi0):
+        for j1 in range(lo1, hi1):
+            for j2 in range(k2):
+                src = xp + ((st0 + j0 * j.d[0]) * in1 + st1 + j1 * j.d[1]) * in2 + start + j2 * d2
+                if j.mode == 0:
+                    if first:
+                        for i in range(n):
+                            y[i] = src[i * s2]
+                        first = False
+                    elif s2 == 1:
+                        for i in range(n):
+                            v = src[i]
+                            y[i] = v if v > y[i] else y[i]
+                    else:
+                        for i in range(n):
+                            v = src[i * s2]
+                            y[i] = v if v > y[i] else y[i]
+                elif j.mode == 1:
+                    if s2 == 1:
+                        for i in range(n):
+                            acc[i] += src[i]
+                    else:
+                        for i in range(n):
+                            acc[i] += src[i * s2]
+                elif p_exp == 2.0:
+                    for i in range(n):
+                        v = src[i * s2]
+                        acc[i] += <double>v * v
+                elif p_exp == 1.0:
+                    for i in range(n):
+                        acc[i] += fabs(src[i * s2])
+                else:
+                    for i in range(n):
+                        acc[i] += pow(fabs(src[i * s2]), p_exp)
+    if j.mode == 1:
+        count = (c0 * c1 if j.include_pad else (hi0 - lo0) * (hi1 - lo1)) * k2
+        for i in range(n):
+            y[i] = <float>(acc[i] / count)
+    elif j.mode == 2:
+        for i in range(n):
+            if p_exp == 2.0:
+                y[i] = <float>sqrt(acc[i])
+            elif p_exp == 1.0:
+                y[i] = <float>acc[i]
+            else:
+                y[i] = <float>pow(acc[i], 1.0 / p_exp)
+
+
 cdef void _pool_planes(const _Job* j, Py_ssize_t p0, Py_ssize_t p1) noexcept nogil:
     cdef Py_ssize_t p, oi, o0, o1, o2, j0, j1, j2, t0, t1, t2, bi
     cdef Py_ssize_t st0, lo0, hi0, c0, st1, lo1, hi1, c1, st2, lo2, hi2, c2, count
@@ -82,6 +151,19 @@ cdef void _pool_planes(const _Job* j, Py_ssize_t p0, Py_ssize_t p1) noexcept nog
     cdef float v, best
     cdef bint have
     cdef double acc, p_exp = j.p, inv_p = 1.0 / j.p
+    # the outputs along the last axis whose windows lie inside the input there run as one
+    # vector pass per output row (_interior); the others, and every indexed MaxPool, here
+    cdef Py_ssize_t s2 = j.s[2], reach = (j.k[2] - 1) * j.d[2], row
+    cdef Py_ssize_t ilo = (j.pb[2] + s2 - 1) // s2, ihi = 0
+    if j.inp[2] - 1 - reach + j.pb[2] >= 0:
+        ihi = (j.inp[2] - 1 - reach + j.pb[2]) // s2 + 1
+    if ihi > j.out[2]:
+        ihi = j.out[2]
+    cdef double* accbuf = NULL
+    cdef bint fast = j.idx == NULL and ihi - ilo >= 4
+    if fast and j.mode != 0:
+        accbuf = <double*>malloc((ihi - ilo) * sizeof(double))
+        fast = accbuf != NULL
     for p in range(p0, p1):
         plane_base = p * j.isz
         xp = j.x + plane_base
@@ -92,7 +174,14 @@ cdef void _pool_planes(const _Job* j, Py_ssize_t p0, Py_ssize_t p1) noexcept nog
             _taps(j, 0, o0, &st0, &lo0, &hi0, &c0)
             for o1 in range(j.out[1]):
                 _taps(j, 1, o1, &st1, &lo1, &hi1, &c1)
+                row = oi
+                if fast:
+                    _interior(j, xp, yp + row + ilo, accbuf, ihi - ilo, st0, lo0, hi0, c0, st1, lo1, hi1, c1,
+                              ilo * s2 - j.pb[2])
                 for o2 in range(j.out[2]):
+                    if fast and ilo <= o2 < ihi:
+                        oi += 1
+                        continue
                     _taps(j, 2, o2, &st2, &lo2, &hi2, &c2)
                     if j.mode == 0:
                         have = False
@@ -148,6 +237,7 @@ cdef void _pool_planes(const _Job* j, Py_ssize_t p0, Py_ssize_t p1) noexcept nog
                         else:
                             yp[oi] = <float>pow(acc, inv_p)
                     oi += 1
+    free(accbuf)
 
 
 cdef void _pool_task(void* ctx, long t) noexcept nogil:

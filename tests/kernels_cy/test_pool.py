@@ -413,3 +413,22 @@ def test_large_planes_run_in_parallel_like_onnxruntime(op, attrs):
     x = np.random.default_rng(4).standard_normal((2, 16, 48, 40)).astype(np.float32)
     model = _model(op, x, 1, **attrs)
     _close(_ours(model, x, threads=2)[0], _ort(model, x)[0], x.dtype)
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 41), (2, 3, 5, 37), (1, 2, 3, 4, 29)])
+@pytest.mark.parametrize("stride", [1, 2, 3])
+def test_long_rows_without_indices_match_the_indexed_path_with_nan(shape, stride):
+    # a long last axis runs its inner windows as one pass per row; with NaN its maxima must
+    # still follow the indexed path's rule (onnxruntime's general path, asked for indices)
+    rng = np.random.default_rng(stride)
+    x = rng.standard_normal(shape).astype(np.float32)
+    x[rng.random(shape) < 0.2] = np.nan
+    n = len(shape) - 2
+    attrs = {"kernel_shape": [2] * (n - 1) + [3], "strides": [1] * (n - 1) + [stride],
+             "pads": [1] * n + [0] * (n - 1) + [2], "dilations": [1] * (n - 1) + [2 if stride == 3 else 1]}
+    y = _ours(_model("MaxPool", x, 1, **attrs), x)[0]
+    np.testing.assert_array_equal(y, _ort(_model("MaxPool", x, 2, **attrs), x)[0])
+    for op, extra in (("AveragePool", {"count_include_pad": 1}), ("AveragePool", {}), ("LpPool", {"p": 3})):
+        xf = np.nan_to_num(x)
+        model = _model(op, xf, 1, **attrs, **extra)
+        _close(_ours(model, xf)[0], _ort(model, xf)[0], xf.dtype)
