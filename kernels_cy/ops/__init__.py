@@ -2,7 +2,7 @@
 data movement, reductions, quantization, control flow, the ``onnx.reference`` fallback).
 
 Importing this package registers every kernel of every family: the families
-(``attention``, ``cache``, ``matmul``, ``norm``, ``paged``) are imported here."""
+(``attention``, ``cache``, ``matmul``, ``norm``, ``paged``, ``resize``) are imported here."""
 from __future__ import annotations
 
 from onnxforge.kernels_cy.ops.base import REGISTRY, Kernel, NodeSpec, claimed_ops, register
@@ -12,5 +12,7 @@ import onnxforge.kernels_cy.cache.kernels  # noqa: F401,E402
 import onnxforge.kernels_cy.matmul.kernels  # noqa: F401,E402
 import onnxforge.kernels_cy.norm.kernels  # noqa: F401,E402
 import onnxforge.kernels_cy.paged.kernels  # noqa: F401,E402
+import onnxforge.kernels_cy.resize.grid  # noqa: F401,E402
+import onnxforge.kernels_cy.resize.kernels  # noqa: F401,E402
 
 __all__ = ["REGISTRY", "Kernel", "NodeSpec", "claimed_ops", "register"]
