@@ -8,7 +8,9 @@ through the padding mode; the output is the sum over the tap combinations of the
 products times the gathered pixels. The rules follow the specification and onnxruntime:
 coordinates are unnormalized in float32, nearest rounds half to even, ``border`` and
 ``reflection`` first move an outside location inside, then every tap outside the input
-reads 0 (zeros), the nearest edge pixel (border) or its mirror image (reflection).
+reads 0 (zeros), the nearest edge pixel (border) or its mirror image (reflection). Cubic
+sampling with ``border`` clamps each of its taps but not the location itself, as
+onnxruntime (and PyTorch) do; onnx.reference clamps the location first.
 """
 from __future__ import annotations
 
@@ -63,7 +65,7 @@ def _axis_taps(g: np.ndarray, size: int, mode: str, padding: str, align: bool) -
     c = c.astype(np.float64)
     if mode == "nearest":
         c = np.rint(c)
-    if padding == "border":
+    if padding == "border" and mode != "cubic":  # cubic clamps each tap instead (onnxruntime, PyTorch)
         c = np.where((c < lo) | (c > hi), np.clip(c, 0, size - 1), c)
     elif padding == "reflection":
         c = _reflect(c, lo, hi)
