@@ -99,7 +99,7 @@ class _ResizeBase(Kernel):
             y = _cast_back(y, x.dtype)
         for a, t in tables.items():
             if t.outside is not None:
-                sel = [slice(None)] * r
+                sel: list[Any] = [slice(None)] * r
                 sel[a] = t.outside
                 y[tuple(sel)] = self.extrapolation
         return y
