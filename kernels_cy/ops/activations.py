@@ -83,14 +83,14 @@ class Celu(_Activation):
 
 @register("", "ThresholdedRelu")
 class ThresholdedRelu(_Activation):
-    """``x`` where ``x > alpha``, else 0 (NaN stays NaN)."""
+    """``x`` where ``x > alpha``, else 0 (NaN too, as onnxruntime gives)."""
 
     def __init__(self, spec: NodeSpec):
         super().__init__(spec)
         self.alpha = spec.float("alpha", 1.0)
 
     def fn(self, x):
-        return np.where((x > x.dtype.type(self.alpha)) | np.isnan(x), x, x.dtype.type(0))
+        return np.where(x > x.dtype.type(self.alpha), x, x.dtype.type(0))
 
 
 @register("", "HardSigmoid")
