@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from onnxforge.kernels_cy.ops.base import REGISTRY, Kernel, NodeSpec, claimed_ops, register
 from onnxforge.kernels_cy.ops import (activations, control, cumulative, einsum, elementwise, nms,  # noqa: F401
-                                      quant, rearrange, reduce, shape_ops, topk)
+                                      quant, rearrange, reduce, scatter, shape_ops, topk, windows)
 import onnxforge.kernels_cy.attention.kernels  # noqa: F401,E402
 import onnxforge.kernels_cy.cache.kernels  # noqa: F401,E402
 import onnxforge.kernels_cy.matmul.kernels  # noqa: F401,E402

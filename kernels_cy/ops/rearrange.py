@@ -1,5 +1,6 @@
 """Small data-movement and construction operators: DepthToSpace, SpaceToDepth, BitCast,
-EyeLike, OneHot, Compress and NonZero (whole-array numpy reshapes, views and masks)."""
+EyeLike, OneHot, Compress, NonZero and ReverseSequence (whole-array numpy reshapes, views,
+masks and gathers)."""
 from __future__ import annotations
 
 import numpy as np
@@ -155,3 +156,31 @@ class NonZero(Kernel):
         if x.ndim == 0:
             return np.zeros((0, int(bool(x))), dtype=np.int64)
         return np.array(np.nonzero(x), dtype=np.int64).reshape(x.ndim, -1)
+
+
+@register("", "ReverseSequence")
+class ReverseSequence(Kernel):
+    """For each batch entry ``b``, its first ``sequence_lens[b]`` steps along ``time_axis``
+    reversed, the rest kept (one gather with a per-batch index map)."""
+
+    def __init__(self, spec: NodeSpec):
+        super().__init__(spec)
+        self.batch_axis = spec.int("batch_axis", 1)
+        self.time_axis = spec.int("time_axis", 0)
+        if {self.batch_axis, self.time_axis} != {0, 1}:
+            raise spec.fail(f"batch_axis={self.batch_axis} and time_axis={self.time_axis} must be 0 and 1")
+
+    def run(self, x, lens):
+        if x.ndim < 2:
+            raise self.error(f"input must have rank at least 2, got shape {x.shape}")
+        batch, steps = x.shape[self.batch_axis], x.shape[self.time_axis]
+        if lens.shape != (batch,):
+            raise self.error(f"sequence_lens must have shape [{batch}], got {lens.shape}")
+        n = lens.astype(np.int64)
+        if n.size and (n.min() < 0 or n.max() > steps):
+            raise self.error(f"sequence_lens must lie in [0, {steps}]")
+        t = np.arange(steps)
+        src = np.where(t[None, :] < n[:, None], n[:, None] - 1 - t[None, :], t[None, :])  # [batch, steps]
+        xb = np.moveaxis(x, (self.batch_axis, self.time_axis), (0, 1))
+        out = np.take_along_axis(xb, src.reshape(src.shape + (1,) * (x.ndim - 2)), axis=1)
+        return np.ascontiguousarray(np.moveaxis(out, (0, 1), (self.batch_axis, self.time_axis)))

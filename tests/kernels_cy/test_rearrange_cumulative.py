@@ -142,3 +142,54 @@ def test_compress_rejects_a_condition_longer_than_the_axis():
 def test_nonzero_hypothesis_against_onnxruntime(x):
     m = one_node("NonZero", {"x": x}, opset=13)
     same(ours(m, {"x": x}), ort(m, {"x": x}))
+
+
+# -- ReverseSequence, ScatterElements, windows -------------------------------------------------
+@pytest.mark.parametrize(("batch_axis", "time_axis"), [(0, 1), (1, 0)])
+def test_reverse_sequence_matches_onnxruntime(batch_axis, time_axis):
+    x = np.arange(4 * 5 * 2, dtype=np.float32).reshape(4, 5, 2)
+    if batch_axis == 1:
+        x = np.ascontiguousarray(x.transpose(1, 0, 2))  # [time=5, batch=4, 2]
+    lens = np.array([0, 1, 5, 3], np.int64)
+    feeds = {"x": x, "lens": lens}
+    m = one_node("ReverseSequence", feeds, opset=10, batch_axis=batch_axis, time_axis=time_axis)
+    same(ours(m, feeds), ort(m, feeds))
+
+
+def test_reverse_sequence_rejects_a_length_past_the_time_axis():
+    feeds = {"x": np.ones((3, 2), np.float32), "lens": np.array([1, 4], np.int64)}
+    with pytest.raises(of.OnnxforgeError, match="sequence_lens"):
+        ours(one_node("ReverseSequence", feeds, opset=10), feeds)
+
+
+@pytest.mark.parametrize("reduction", ["none", "add", "mul", "max", "min"])
+@pytest.mark.parametrize("axis", [0, 1, -1])
+def test_scatter_elements_with_duplicates_and_negative_indices_matches_onnxruntime(reduction, axis):
+    rng = np.random.default_rng(9)
+    data = rng.standard_normal((4, 5)).astype(np.float32)
+    n = data.shape[axis]
+    indices = rng.integers(-n, n, (3, 4)).astype(np.int64)
+    if reduction == "none":  # onnxruntime leaves the winner of duplicates unspecified: no duplicates
+        indices = np.stack([rng.permutation(n)[:4] for _ in range(3)]) if axis != 0 else \
+            np.stack([rng.permutation(n)[:3] for _ in range(4)], axis=1)
+    updates = rng.standard_normal(indices.shape).astype(np.float32)
+    feeds = {"data": data, "indices": indices, "updates": updates}
+    m = one_node("ScatterElements", feeds, opset=18, axis=axis, reduction=reduction)
+    same(ours(m, feeds), ort(m, feeds))
+    same(ours(m, feeds), reference(m, feeds))
+
+
+def test_scatter_elements_rejects_an_index_out_of_range():
+    feeds = {"data": np.zeros((2, 2), np.float32), "indices": np.array([[2]], np.int64),
+             "updates": np.ones((1, 1), np.float32)}
+    with pytest.raises(of.OnnxforgeError, match="out of range"):
+        ours(one_node("ScatterElements", feeds, opset=18), feeds)
+
+
+@pytest.mark.parametrize("op", ["HannWindow", "HammingWindow", "BlackmanWindow"])
+@pytest.mark.parametrize("periodic", [0, 1])
+@pytest.mark.parametrize("size", [1, 2, 10, 33])
+def test_windows_match_onnxruntime(op, periodic, size):
+    feeds = {"size": np.array(size, np.int64)}
+    m = one_node(op, feeds, opset=17, periodic=periodic)
+    same(ours(m, feeds), ort(m, feeds), rtol=1e-6, atol=1e-7)
