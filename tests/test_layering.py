@@ -362,7 +362,8 @@ LAYER_LINE_BUDGET = {
     "proto_ext": 9910,  # 9009 lines when written
     "graphbuilder": 11708,  # 10643
     "passes": 11786,  # 10714
-    "kernels_cy": 12417,  # 11288
+    "kernels_cy": 13410,  # 11288; +993 for the generic operator kernels of ops/ (activations,
+    # TopK, Einsum, NonMaxSuppression, cumulative, scatter, rearrange, windows, compiled Erf)
     "onnxforge": 3236,  # 2141
 }
 MIN_COPY_LINES = 12

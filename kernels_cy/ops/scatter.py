@@ -20,7 +20,7 @@ def scatter_elements(data: np.ndarray, indices: np.ndarray, updates: np.ndarray,
     out = np.array(data, copy=True)
     if indices.size == 0:
         return out
-    grid = list(np.indices(indices.shape, sparse=True))
+    grid: list[np.ndarray] = list(np.indices(indices.shape, sparse=True))
     grid[axis] = indices
     where = tuple(grid)
     if reduction == "none":
