@@ -362,7 +362,9 @@ LAYER_LINE_BUDGET = {
     "proto_ext": 9910,  # 9009 lines when written
     "graphbuilder": 11708,  # 10643
     "passes": 11786,  # 10714
-    "kernels_cy": 13410,  # 11288; +993 for the pooling family and BatchNormalization / InstanceNormalization
+    "kernels_cy": 16000,  # 11288; +993 for the pooling family and BatchNormalization / InstanceNormalization;
+    # +993 for the generic operator kernels of ops/ (activations, TopK, Einsum, NonMaxSuppression,
+    # cumulative, scatter, rearrange, windows, compiled Erf); the resize family
     "onnxforge": 3236,  # 2141
 }
 MIN_COPY_LINES = 12

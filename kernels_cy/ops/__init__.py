@@ -6,7 +6,8 @@ Importing this package registers every kernel of every family: the families
 from __future__ import annotations
 
 from onnxforge.kernels_cy.ops.base import REGISTRY, Kernel, NodeSpec, claimed_ops, register
-from onnxforge.kernels_cy.ops import control, elementwise, quant, reduce, shape_ops  # noqa: F401
+from onnxforge.kernels_cy.ops import (activations, control, cumulative, einsum, elementwise, nms,  # noqa: F401
+                                      quant, rearrange, reduce, scatter, shape_ops, topk, windows)
 import onnxforge.kernels_cy.attention.kernels  # noqa: F401,E402
 import onnxforge.kernels_cy.cache.kernels  # noqa: F401,E402
 import onnxforge.kernels_cy.conv.kernels  # noqa: F401,E402

@@ -17,9 +17,42 @@ F32 = np.dtype(np.float32)
 __all__: list[str] = []
 
 
-def _erf(x: np.ndarray) -> np.ndarray:
-    v = np.vectorize(math.erf, otypes=[np.float64])(x)
-    return v.astype(x.dtype)
+_F64 = np.dtype(np.float64)
+
+
+def _erf_like(flat_fn: Any, scalar_fn: Any, x: np.ndarray, threads: int | None) -> np.ndarray:
+    """``flat_fn`` (a compiled loop over a flat float32/float64 array) applied to ``x``:
+    float32 and float64 in their own type, the 2-byte floats through float32, other types
+    through float64, each rounded once to ``x``'s type. Without the compiled module,
+    ``scalar_fn`` (math.erf based) runs element by element."""
+    ct = x.dtype if x.dtype in (F32, _F64) else (F32 if x.dtype.kind == "f" or x.dtype.kind == "V" else _F64)
+    xc = np.ascontiguousarray(x, dtype=ct).reshape(-1)
+    if flat_fn is None:  # the extension is not built: correct, but one Python call per element
+        y = np.vectorize(scalar_fn, otypes=[np.float64])(xc.astype(np.float64)).astype(ct)
+    else:
+        y = np.empty(xc.shape, dtype=ct)
+        flat_fn(xc, y, threads)
+    return y.reshape(x.shape).astype(x.dtype, copy=False)
+
+
+def _gelu_scalar(v: float) -> float:
+    return 0.5 * v * math.erfc(-v / math.sqrt(2.0))
+
+
+@register("", "Erf")
+class Erf(Kernel):
+    """The error function, compiled (``_erf.pyx``): C's ``erff`` for float32, ``erf`` for
+    float64; parallel on the session's threads for large tensors."""
+
+    def __init__(self, spec: NodeSpec):
+        super().__init__(spec)
+        self.threads = spec.threads
+
+    def run(self, x):
+        return _erf_like(fast.erf_flat, math.erf, x, self.threads if x.size >= _PARALLEL_ELEMS else None)
+
+
+_PARALLEL_ELEMS = 1 << 16
 
 
 _UNARY: dict[str, Any] = {
@@ -27,7 +60,7 @@ _UNARY: dict[str, Any] = {
     "Sin": np.sin, "Cos": np.cos, "Tan": np.tan, "Tanh": np.tanh, "Floor": np.floor,
     "Ceil": np.ceil, "Asin": np.arcsin, "Acos": np.arccos, "Atan": np.arctan, "Sinh": np.sinh,
     "Cosh": np.cosh, "Asinh": np.arcsinh, "Acosh": np.arccosh, "Atanh": np.arctanh,
-    "Sign": np.sign, "Round": np.round, "Erf": _erf,
+    "Sign": np.sign, "Round": np.round,
 }
 
 
@@ -117,17 +150,20 @@ class Softplus(Kernel):
 
 @register("", "Gelu")
 class Gelu(Kernel):
+    """``x / 2 * (1 + erf(x / sqrt(2)))`` (compiled, in double, rounded once) or, with
+    ``approximate="tanh"``, its tanh approximation in float64."""
+
     def __init__(self, spec: NodeSpec):
         super().__init__(spec)
         self.approx = spec.choice("approximate", "none", {"none", "tanh"})
+        self.threads = spec.threads
 
     def run(self, x):
-        x64 = x.astype(np.float64)
         if self.approx == "tanh":
+            x64 = x.astype(np.float64)
             y = 0.5 * x64 * (1 + np.tanh(math.sqrt(2 / math.pi) * (x64 + 0.044715 * x64 ** 3)))
-        else:
-            y = 0.5 * x64 * (1 + np.vectorize(math.erf, otypes=[np.float64])(x64 / math.sqrt(2)))
-        return y.astype(x.dtype)
+            return y.astype(x.dtype)
+        return _erf_like(fast.gelu_flat, _gelu_scalar, x, self.threads if x.size >= _PARALLEL_ELEMS else None)
 
 
 def _int_div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
