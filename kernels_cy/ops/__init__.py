@@ -12,5 +12,6 @@ import onnxforge.kernels_cy.cache.kernels  # noqa: F401,E402
 import onnxforge.kernels_cy.matmul.kernels  # noqa: F401,E402
 import onnxforge.kernels_cy.norm.kernels  # noqa: F401,E402
 import onnxforge.kernels_cy.paged.kernels  # noqa: F401,E402
+import onnxforge.kernels_cy.paged.ragged  # noqa: F401,E402
 
 __all__ = ["REGISTRY", "Kernel", "NodeSpec", "claimed_ops", "register"]

@@ -60,13 +60,13 @@ __all__ = ["PAGED_DOMAIN", "Geometry", "check_paged", "container_geometry"]
 PAGED_DOMAIN = "ai.onnxforge"
 _KV_TYPES = frozenset({TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16})
 _PAGE_PREFIX = "ONNXFORGE_KV_"
-_OPS = ("PagedCacheUpdate", "PagedAttention")
+_OPS = ("PagedCacheUpdate", "PagedAttention", "RaggedPagedCacheUpdate", "RaggedPagedAttention")
 Geometry = tuple[int, int, int, int]  # (H, P, D, capacity)
 
 
 @register("paged")
 def check_paged(view: ModelView, report: Report) -> None:
-    """K1-K9 over every graph and local function of ``view``."""
+    """K1-K12 over every graph and local function of ``view``."""
     containers: dict[int, Geometry | None] = {}
     for i, decl in enumerate(view.struct_types):
         if decl.name == CACHE_STRUCT_NAME and decl.type_id:
@@ -83,6 +83,10 @@ def check_paged(view: ModelView, report: Report) -> None:
                     _update(aliases, s, node, containers, report)
                 elif node.op_type == "PagedAttention":
                     _attention(s, node, containers, report)
+                elif node.op_type == "RaggedPagedCacheUpdate":
+                    _ragged_update(aliases, s, node, containers, report)
+                elif node.op_type == "RaggedPagedAttention":
+                    _ragged_attention(s, node, containers, report)
     for g in iter_graphs(view):
         _pages(g, containers, report)
 
@@ -231,6 +235,70 @@ def _same_kv(node: NodeView, key: TensorType, value: TensorType, report: Report)
     for i, (k, v) in enumerate(zip(key.shape, value.shape)):
         if isinstance(k, int) and isinstance(v, int) and k != v:
             report.add("K3", f"{node.path}.input[2]", f"value dimension {i} is {v}, key has {k}")
+
+
+# -- the ragged batch form (K10-K12) ------------------------------------------------------------
+
+def _int64_of_rank(s: Scope, node: NodeView, i: int, rank: int, what: str, rule: str, report: Report) -> None:
+    t = type_of(s, node.inputs[i])
+    if t is not None and not (isinstance(t, TensorType) and t.elem_type == TensorProto.INT64
+                              and (t.shape is None or len(t.shape) == rank)):
+        report.add(rule, f"{node.path}.input[{i}]", f"{what} {node.inputs[i]!r} must be INT64 of rank {rank}, "
+                                                    f"not {t}")
+
+
+def _ragged_update(a: ModelAliases, s: Scope, node: NodeView, containers: dict[int, Geometry | None],
+                   report: Report) -> None:
+    p = node.path
+    if len(node.inputs) != 5 or not all(node.inputs) or len(node.outputs) != 1 or not node.outputs[0]:
+        report.add("K10", p, "RaggedPagedCacheUpdate takes inputs (cache, key, value, sequence_starts, "
+                             "position_ids) and one output")
+        return
+    if not any(al.output_index == 0 and al.input_index == 0 and al.kind == MUST_ALIAS for al in node.output_alias):
+        report.add("K10", f"{p}.output_alias", "RaggedPagedCacheUpdate needs output_alias {output_index: 0, "
+                                               "input_index: 0, kind: MUST_ALIAS}")
+    geo = _cache_type(s, node, 0, containers, report)
+    r = a.root(s, node.inputs[0])
+    if r is not None and not rw_root(r):
+        report.add("K10", f"{p}.input[0]", f"the cache batch {node.inputs[0]!r} is updated in place, but its "
+                                           f"root is {root_text(r)}, not a READ_WRITE input")
+    key, value = type_of(s, node.inputs[1]), type_of(s, node.inputs[2])
+    for i, t in ((1, key), (2, value)):
+        if t is None:
+            continue
+        if not isinstance(t, TensorType) or t.elem_type not in _KV_TYPES or (t.shape is not None and (
+                len(t.shape) != 4 or (isinstance(t.shape[0], int) and t.shape[0] != 1))):
+            report.add("K11", f"{p}.input[{i}]", f"{node.inputs[i]!r} is {t}; key and value are FLOAT, FLOAT16 "
+                                                 f"or BFLOAT16 tensors [1, Hkv, T, D] (all sequences' rows)")
+        elif geo is not None and t.shape is not None:
+            for dim, want in ((1, geo[0]), (3, geo[2])):
+                if isinstance(t.shape[dim], int) and t.shape[dim] != want:
+                    report.add("K11", f"{p}.input[{i}]", f"dimension {dim} is {t.shape[dim]}, the cache has "
+                                                         f"{want}")
+    if isinstance(key, TensorType) and isinstance(value, TensorType) and key.elem_type != value.elem_type:
+        report.add("K11", f"{p}.input[2]", f"value is {type_name(value.elem_type)}, key is "
+                                           f"{type_name(key.elem_type)}")
+    _int64_of_rank(s, node, 3, 1, "sequence_starts", "K11", report)
+    _int64_of_rank(s, node, 4, 2, "position_ids", "K11", report)
+
+
+def _ragged_attention(s: Scope, node: NodeView, containers: dict[int, Geometry | None], report: Report) -> None:
+    p = node.path
+    if len(node.inputs) != 3 or not all(node.inputs) or len(node.outputs) != 1 or not node.outputs[0]:
+        report.add("K12", p, "RaggedPagedAttention takes inputs (query, cache, sequence_starts) and one output")
+        return
+    geo = _cache_type(s, node, 1, containers, report)
+    q = type_of(s, node.inputs[0])
+    qshape = None
+    if q is not None:
+        if not isinstance(q, TensorType) or q.elem_type not in _KV_TYPES or (q.shape is not None and (
+                len(q.shape) != 4 or (isinstance(q.shape[0], int) and q.shape[0] != 1))):
+            report.add("K12", f"{p}.input[0]", f"query {node.inputs[0]!r} is {q}; it must be a FLOAT, FLOAT16 "
+                                               f"or BFLOAT16 tensor [1, Hq, T, D]")
+        else:
+            qshape = q.shape
+    _int64_of_rank(s, node, 2, 1, "sequence_starts", "K12", report)
+    _attention_attributes(node, qshape, geo, report)
 
 
 # -- PagedAttention (K4, K5) --------------------------------------------------------------------
