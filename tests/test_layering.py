@@ -363,7 +363,7 @@ LAYER_LINE_BUDGET = {
     "graphbuilder": 11708,  # 10643
     "passes": 11786,  # 10714
     "kernels_cy": 12417,  # 11288
-    "onnxforge": 3236,  # 2141
+    "onnxforge": 4250,  # 2141; 3860 with the engine (many sequences at once, continuous batching)
 }
 MIN_COPY_LINES = 12
 

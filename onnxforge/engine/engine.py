@@ -535,7 +535,9 @@ class Engine:
         self._pool.drop(r.rid)
 
     def _feeds(self, plan: list[tuple[_Request, int]]) -> dict[str, Any]:
-        ids, pos, starts = [], [], [0]
+        ids: list[int] = []
+        pos: list[int] = []
+        starts = [0]
         for r, n in plan:
             toks = r.tokens
             ids.extend(toks[r.computed:r.computed + n])

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from onnxforge.kernels_cy.paged.pages import PagedKVCache
+
 __all__ = ["PagePool", "PrefixEntry", "chain_key"]
 
 
@@ -79,7 +81,7 @@ class PagePool:
         """Upper bound of the bytes ``new_pages`` pages of every layer take."""
         return new_pages * self.layers * self.page_bytes
 
-    def recount(self, rid: int, caches: Sequence[object]) -> None:
+    def recount(self, rid: int, caches: Sequence[PagedKVCache]) -> None:
         """The bytes sequence ``rid`` holds on its own (shared payloads count for the registry)."""
         self.seq_bytes[rid] = sum(c.nbytes - c.shared_bytes + c.staging_bytes for c in caches)
 
