@@ -79,27 +79,28 @@ class _Request:
         return len(self.prompt) + len(self.generated) - self.computed
 
 
-def _context_length(model: Any) -> int | None:
+def _config(model: Any, given: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    """``given``, else the genai_config.json beside a model path, else {}."""
+    if given is not None:
+        return given
     if isinstance(model, (str, os.PathLike)):
         from onnxforge.passes.stateful.convert import read_genai_config
 
-        cfg = read_genai_config(model) or {}
-        n = (cfg.get("model") or {}).get("context_length")
-        if isinstance(n, int) and n > 0:
-            return n
-    return None
+        return read_genai_config(model) or {}
+    return {}
 
 
-def _eos_of(model: Any) -> frozenset[int]:
-    if isinstance(model, (str, os.PathLike)):
-        from onnxforge.passes.stateful.convert import read_genai_config
+def _context_length(config: Mapping[str, Any]) -> int | None:
+    n = (config.get("model") or {}).get("context_length")
+    return n if isinstance(n, int) and n > 0 else None
 
-        cfg = read_genai_config(model) or {}
-        e = (cfg.get("model") or {}).get("eos_token_id")
-        if isinstance(e, int):
-            return frozenset({e})
-        if isinstance(e, list) and all(isinstance(x, int) for x in e):
-            return frozenset(e)
+
+def _eos_of(config: Mapping[str, Any]) -> frozenset[int]:
+    e = (config.get("model") or {}).get("eos_token_id")
+    if isinstance(e, int):
+        return frozenset({e})
+    if isinstance(e, list) and all(isinstance(x, int) for x in e):
+        return frozenset(e)
     return frozenset()
 
 
@@ -115,14 +116,25 @@ def _rotary_rows(m: Model) -> int | None:
     return None
 
 
-def _ragged_model(model: Any, max_length: int | None, page_size: int, formats: Any) -> tuple[Model, int]:
+def _ragged_model(model: Any, max_length: int | None, page_size: int, formats: Any,
+                  config: Mapping[str, Any]) -> tuple[Model, int]:
     """The ragged batched form of ``model`` and the max length it was made for."""
-    from onnxforge.passes.stateful.convert import StatefulError, make_stateful
+    from onnxforge.passes.stateful.convert import StatefulError
+
+    try:
+        return _convert(model, max_length, page_size, formats, config)
+    except StatefulError as e:
+        raise EngineError(f"the model has no batched form: {e}") from e
+
+
+def _convert(model: Any, max_length: int | None, page_size: int, formats: Any,
+             config: Mapping[str, Any]) -> tuple[Model, int]:
+    from onnxforge.passes.stateful.convert import make_stateful
     from onnxforge.passes.stateful.paged import parse_page_formats, to_paged
     from onnxforge.passes.stateful.ragged import to_ragged
 
     if max_length is None:
-        max_length = _context_length(model)
+        max_length = _context_length(config)
     if isinstance(model, Model) or not isinstance(model, (str, os.PathLike)):
         from onnxforge.graphbuilder import serde
 
@@ -149,11 +161,8 @@ def _ragged_model(model: Any, max_length: int | None, page_size: int, formats: A
     if max_length is None:
         raise EngineError("the model states no context length (no genai_config.json context_length, no "
                           "rotary cache): pass max_length=")
-    try:
-        return make_stateful(source, max_length, cache="paged", page_size=page_size, formats=formats,
-                             ragged=True), max_length
-    except StatefulError as e:
-        raise EngineError(f"the model has no batched form: {e}") from e
+    return make_stateful(source, max_length, cache="paged", page_size=page_size, formats=formats,
+                         ragged=True, genai_config=config or None), max_length
 
 
 def _positive(name: str, v: Any, allow_none: bool = False) -> None:
@@ -172,17 +181,20 @@ class Engine:
     prompt plus new tokens of each request; ``page_size`` and ``formats`` (newest page
     first, as ``make_stateful``'s) shape every sequence's pages; ``pool_bytes`` (default:
     ``max_sequences`` full contexts) bounds all pages together; ``max_step_tokens``
-    bounds the rows of one step."""
+    bounds the rows of one step; ``genai_config`` stands for the ``genai_config.json``
+    beside a model path (context length, EOS, head size) when the model is given loaded."""
 
     def __init__(self, model: Any, *, max_sequences: int = 8, max_length: int | None = None,
                  page_size: int = 16, formats: str | Sequence[str] = "float32", pool_bytes: int | None = None,
-                 max_step_tokens: int = 256, threads: int | None = None):
+                 max_step_tokens: int = 256, threads: int | None = None,
+                 genai_config: Mapping[str, Any] | None = None):
         _positive("max_sequences", max_sequences)
         _positive("max_length", max_length, allow_none=True)
         _positive("page_size", page_size)
         _positive("max_step_tokens", max_step_tokens)
         _positive("pool_bytes", pool_bytes, allow_none=True)
-        m, max_length = _ragged_model(model, max_length, page_size, formats)
+        config = _config(model, genai_config)
+        m, max_length = _ragged_model(model, max_length, page_size, formats, config)
         self._session = InferenceSession(m, threads=threads)
         g = self._session.model.graph
         self._cache_names = [v.name for v in g.inputs if v.name not in ("input_ids", POSITION_IDS, SEQUENCE_STARTS)]
@@ -206,7 +218,7 @@ class Engine:
         if pool_bytes is None:
             pool_bytes = max_sequences * layers * (-(-self.max_length // p) + 1) * page
         self._pool = PagePool(pool_bytes, layers, page, layers * page)
-        self._eos = _eos_of(model)
+        self._eos = _eos_of(config)
         self._policy_key = ",".join(policy)
         self._requests: dict[int, _Request] = {}
         self._waiting: deque[_Request] = deque()
