@@ -230,6 +230,7 @@ class Engine:
         self._closed = False
         self.steps = 0
         self.preemptions = 0
+        self.last_step: dict[str, int] = {}
 
     # -- requests -------------------------------------------------------------------
     def add(self, prompt_ids: Iterable[int], max_new_tokens: int, *, eos_token_id: int | Iterable[int] | None = None,
@@ -338,6 +339,8 @@ class Engine:
                     return {}
                 logits = self._forward(plan)
                 self.steps += 1
+                self.last_step = {"sequences": len(plan), "rows": sum(n for _, n in plan),
+                                  "prefill_rows": sum(n for r, n in plan if n > 1 or r.pending > n)}
                 return self._advance(plan, logits)
         finally:
             self._stepping.release()
