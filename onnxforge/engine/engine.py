@@ -90,11 +90,6 @@ def _config(model: Any, given: Mapping[str, Any] | None) -> Mapping[str, Any]:
     return {}
 
 
-def _context_length(config: Mapping[str, Any]) -> int | None:
-    n = (config.get("model") or {}).get("context_length")
-    return n if isinstance(n, int) and n > 0 else None
-
-
 def _eos_of(config: Mapping[str, Any]) -> frozenset[int]:
     e = (config.get("model") or {}).get("eos_token_id")
     if isinstance(e, int):
@@ -104,21 +99,9 @@ def _eos_of(config: Mapping[str, Any]) -> frozenset[int]:
     return frozenset()
 
 
-def _rotary_rows(m: Model) -> int | None:
-    for n in m.graph:
-        if n.op_type == "RotaryEmbedding" and n.domain == "com.microsoft" and len(n.inputs) > 2:
-            c = n.inputs[2]
-            t = getattr(c, "type", None)
-            if c is not None and c.const is not None and getattr(t, "shape", None):
-                rows = t.shape[0]
-                if isinstance(rows, int):
-                    return rows
-    return None
-
-
 def _ragged_model(model: Any, max_length: int | None, page_size: int, formats: Any,
                   config: Mapping[str, Any]) -> tuple[Model, int]:
-    """The ragged batched form of ``model`` and the max length it was made for."""
+    """The ragged batched form of ``model`` (loaded once) and the max length it was made for."""
     from onnxforge.passes.stateful.convert import StatefulError
 
     try:
@@ -129,40 +112,28 @@ def _ragged_model(model: Any, max_length: int | None, page_size: int, formats: A
 
 def _convert(model: Any, max_length: int | None, page_size: int, formats: Any,
              config: Mapping[str, Any]) -> tuple[Model, int]:
+    from onnxforge.graphbuilder import serde
     from onnxforge.passes.stateful.convert import make_stateful
     from onnxforge.passes.stateful.paged import parse_page_formats, to_paged
     from onnxforge.passes.stateful.ragged import to_ragged
+    from onnxforge.text.generator import context_of
 
+    m = model if isinstance(model, Model) else serde.load(model, verify=True)
+    ops = {(n.domain, n.op_type) for n in m.graph}
+    if ("ai.onnxforge", "RaggedPagedCacheUpdate") in ops:
+        return m, max_length or 0
+    if ("ai.onnxforge", "PagedCacheUpdate") in ops:
+        return to_ragged(m), max_length or 0
+    if m.graph.bindings:  # an in-place stateful model: its caches' capacity is its max length
+        return to_ragged(to_paged(m, page_size, parse_page_formats(formats))), max_length or 0
     if max_length is None:
-        max_length = _context_length(config)
-    if isinstance(model, Model) or not isinstance(model, (str, os.PathLike)):
-        from onnxforge.graphbuilder import serde
-
-        m = model if isinstance(model, Model) else serde.load(model, verify=True)
-    else:
-        m = None
-    if m is not None:
-        ops = {(n.domain, n.op_type) for n in m.graph}
-        if ("ai.onnxforge", "RaggedPagedCacheUpdate") in ops:
-            return m, max_length or 0
-        if ("ai.onnxforge", "PagedCacheUpdate") in ops:
-            return to_ragged(m), max_length or 0
-        if m.graph.bindings:  # an in-place stateful model: its caches' capacity is its max length
-            return to_ragged(to_paged(m, page_size, parse_page_formats(formats))), max_length or 0
-        if max_length is None:
-            max_length = _rotary_rows(m)
-        source: Any = m
-    else:
-        source = model
-        if max_length is None:
-            from onnxforge.graphbuilder import serde
-
-            max_length = _rotary_rows(serde.load(model, verify=True))
-    if max_length is None:
-        raise EngineError("the model states no context length (no genai_config.json context_length, no "
-                          "rotary cache): pass max_length=")
-    return make_stateful(source, max_length, cache="paged", page_size=page_size, formats=formats,
-                         ragged=True, genai_config=config or None), max_length
+        known = context_of(m, config)
+        if known is None:
+            raise EngineError("the model states no context length (no genai_config.json context_length, no "
+                              "rotary cache): pass max_length=")
+        max_length = known[0]
+    return make_stateful(m, max_length, cache="paged", page_size=page_size, formats=formats, ragged=True,
+                         genai_config=config or None), max_length
 
 
 def _positive(name: str, v: Any, allow_none: bool = False) -> None:
