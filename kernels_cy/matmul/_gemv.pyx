@@ -10,6 +10,8 @@ than threads, the rows are split too and the partial rows summed afterwards (in 
 own buffers: it is not a runtime buffer, and a decode step allocates nothing for it). Products below
 :data:`PARALLEL_BYTES` of weight run on the calling thread.
 """
+from libc.math cimport isnan
+
 include "_common.pxi"
 
 include "_pool_client.pxi"
@@ -38,7 +40,7 @@ cdef extern from "_gemv.h" nogil:
                       Py_ssize_t k0, Py_ssize_t k1, Py_ssize_t j0, Py_ssize_t j1)
 
 
-__all__ = ["COLUMN_BLOCK", "PARALLEL_BYTES", "OneRowMatMul", "OneRowSwiGLU", "gemv", "swiglu_row"]
+__all__ = ["COLUMN_BLOCK", "PARALLEL_BYTES", "OneRowMatMul", "OneRowSwiGLU", "gemv", "swiglu_gate", "swiglu_row"]
 
 cdef enum:
     CB = 2048
@@ -256,6 +258,67 @@ def swiglu_row(x, wg, wu, out, int threads=1):
     _swiglu_core(<const float*>cnp.PyArray_DATA(xa), <const float*>cnp.PyArray_DATA(ga),
                  ga.strides[0] // 4 if K > 1 else N, <const float*>cnp.PyArray_DATA(ua),
                  ua.strides[0] // 4 if K > 1 else N, <float*>cnp.PyArray_DATA(oa), K, N, threads)
+    return out
+
+
+# -- the gate of many rows ------------------------------------------------------------
+
+ctypedef struct _GateJob:
+    const float* g
+    const float* u
+    float* out
+    Py_ssize_t n      # elements in all
+    Py_ssize_t block  # elements per task (a multiple of 64)
+
+
+cdef void _gate_task(void* ctx, long t) noexcept nogil:
+    """Elements ``[t * block, (t + 1) * block)``: the sigmoid into ``out``, then the two products."""
+    cdef _GateJob* j = <_GateJob*>ctx
+    cdef Py_ssize_t lo = t * j.block, hi = lo + j.block, i
+    cdef float a
+    if hi > j.n:
+        hi = j.n
+    of_sigmoid(j.g + lo, j.out + lo, hi - lo)
+    for i in range(lo, hi):
+        a = j.g[i] * j.out[i]
+        j.out[i] = a * j.u[i]
+
+
+def swiglu_gate(g, u, out, int threads=1):
+    """``out = (g * sigmoid(g)) * u`` elementwise over float32 arrays of one size (1-D
+    C-contiguous; ``out`` may be neither input), on the pool. Each block of elements starts
+    at a multiple of 64 and the last ends where the array does, so every element takes the
+    same vector lanes as the Sigmoid kernel's one pass over the whole array gives it: the
+    result is bitwise that of Sigmoid, Mul and Mul (float products commute exactly).
+    Returns ``out``, or None (``out`` untouched) when ``g`` holds a NaN: the Sigmoid kernel
+    then takes its double-precision path, which the caller runs instead."""
+    cdef str k = "swiglu_gate"
+    cdef cnp.ndarray ga = _f32(g, k, "g", 1)
+    cdef cnp.ndarray ua = _f32(u, k, "u", 1)
+    cdef cnp.ndarray oa = _f32(out, k, "out", 1, writable=True)
+    if ua.shape[0] != ga.shape[0] or oa.shape[0] != ga.shape[0]:
+        raise KernelError(f"{k}: g {_shape(ga)}, u {_shape(ua)} and out {_shape(oa)} differ in size")
+    cdef _GateJob job
+    job.g = <const float*>cnp.PyArray_DATA(ga)
+    job.u = <const float*>cnp.PyArray_DATA(ua)
+    job.out = <float*>cnp.PyArray_DATA(oa)
+    job.n = ga.shape[0]
+    if job.n == 0:
+        return out
+    cdef Py_ssize_t i
+    cdef bint nan = False
+    with nogil:
+        for i in range(job.n):
+            if isnan(job.g[i]):
+                nan = True
+                break
+    if nan:
+        return None
+    cdef int nt = threads if threads > 1 and job.n >= (1 << 14) else 1
+    cdef Py_ssize_t blocks = (job.n + 63) // 64
+    job.block = 64 * _rows_per_task(blocks, nt)
+    with nogil:
+        _run_row_tasks(_gate_task, &job, job.n, job.block, nt)
     return out
 
 
