@@ -150,6 +150,67 @@ def genai_run(folder: Path, prompts: list[list[int]], new: int) -> dict[str, Any
             "e2e_tps": sum(map(len, tokens)) / total}
 
 
+def _rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def shared_prompt(path: Path, n: int, requests: int, new: int, threads: int) -> dict[str, Any]:
+    """``requests`` requests with one ``n``-token prompt: the second added after the first's
+    first token; pages held against one request's, times to first token."""
+    import onnxforge as of
+
+    prompt = _prompts(1, n, n, 512)[0]
+    with of.Engine(str(path), max_sequences=requests, max_length=n + new, threads=threads,
+                   max_step_tokens=max(256, n)) as eng:
+        warm = eng.add(prompt[::-1], 2, eos_token_id=())  # first-call costs
+        eng.run()
+        eng.result(warm)
+        _idle()
+        first = eng.add(prompt, new, eos_token_id=())
+        while first not in eng.stats["ttft_ms"]:
+            eng.step()
+        second = eng.add(prompt, new, eos_token_id=())
+        while second not in eng.stats["ttft_ms"]:
+            eng.step()
+        others = [second] + [eng.add(prompt, new, eos_token_id=()) for _ in range(requests - 2)]
+        eng.step()
+        st = eng.stats
+        layers, p = eng._pool.layers, eng.page_size
+        one = -(-(n + 1) // p) * layers
+        new_pages = (requests - 1) * layers  # each newcomer's own last page
+        eng.run()
+        return {"pages_in_use": st["pages_in_use"], "one_request_pages": one, "new_token_pages": new_pages,
+                "ttft_first_ms": st["ttft_ms"][first], "ttft_second_ms": st["ttft_ms"][others[0]]}
+
+
+def small_pool_memory(path: Path, prompts: list[list[int]], new: int, threads: int) -> dict[str, Any]:
+    """A pool of a third of the requests' pages: preemptions, resident memory growth against
+    the pool's largest use."""
+    import onnxforge as of
+
+    longest = max(len(q) for q in prompts) + new
+    probe = of.Engine(str(path), max_sequences=len(prompts), max_length=longest, threads=threads)
+    page = probe._pool.page_bytes * probe._pool.layers
+    probe.close()
+    need = sum(-(-(len(q) + new) // 16) + 1 for q in prompts) * page
+    with of.Engine(str(path), max_sequences=len(prompts), max_length=longest, threads=threads,
+                   pool_bytes=need // 3) as eng:
+        warm = eng.add(prompts[0], 2, eos_token_id=())  # first-call costs (BLAS buffers, workspaces)
+        eng.run()
+        eng.result(warm)
+        gc.collect()
+        base, peak, used = _rss(), 0, 0
+        for q in prompts:
+            eng.add(q, new, eos_token_id=())
+        while eng.stats["running"] or eng.stats["waiting"]:
+            eng.step()
+            peak = max(peak, _rss())
+            used = max(used, eng.stats["used_bytes"])
+        return {"preemptions": eng.stats["preemptions"], "rss_growth": peak - base, "pool_used": used,
+                "pool_bytes": eng.stats["pool_bytes"]}
+
+
 def prefill_ms(path: Path, n: int, threads: int) -> tuple[float, float]:
     """One ``n``-token prefill: onnxforge (stateful session) and onnxruntime (past/present)."""
     import onnxruntime as ort
@@ -219,6 +280,16 @@ def main() -> None:
           f"end to end {eng['e2e_tps'] / seq['e2e_tps']:.2f}x (goal 1.5x)")
     print(f"engine / (b): decode {eng['decode_tps'] / gen['decode_tps']:.2f}x (goal 1.0x), "
           f"end to end {eng['e2e_tps'] / gen['e2e_tps']:.2f}x (goal 1.2x)")
+    sp = shared_prompt(path, hi, len(prompts), new, args.threads)
+    bound = 1.15 * sp["one_request_pages"] + sp["new_token_pages"]
+    print(f"{len(prompts)} requests sharing a {hi}-token prompt hold {sp['pages_in_use']} pages; one request "
+          f"{sp['one_request_pages']}, bound 1.15x + new tokens {bound:.0f} "
+          f"({'ok' if sp['pages_in_use'] <= bound else 'OVER'}); time to first token {sp['ttft_first_ms']:.0f} ms "
+          f"then {sp['ttft_second_ms']:.1f} ms (ratio {sp['ttft_second_ms'] / sp['ttft_first_ms']:.3f}, goal <= 0.1)")
+    mem = small_pool_memory(path, prompts, new, args.threads)
+    print(f"pool of {mem['pool_bytes'] / 2**20:.1f} MiB: {mem['preemptions']} preemptions; resident memory grew "
+          f"{mem['rss_growth'] / 2**20:.1f} MiB for {mem['pool_used'] / 2**20:.1f} MiB of pages at most "
+          f"(bound: pages + 64 MiB)")
     ours, theirs = prefill_ms(path, hi, args.threads)
     print(f"{hi}-token prefill: onnxforge {ours:.0f} ms, onnxruntime {theirs:.0f} ms "
           f"(ratio {ours / theirs:.2f}, goal at most 1.0)")
