@@ -48,7 +48,7 @@ __all__ = ["COLUMN_BLOCK", "FEW_ROWS", "PARALLEL_BYTES", "OneRowMatMul", "OneRow
 cdef enum:
     CB = 2048
     PAR_BYTES = 1 << 18
-    FEW = 16      # rows a few-row product takes (more go to BLAS)
+    FEW = 32      # rows a few-row product takes (more go to BLAS)
     FEW_CB = 256  # columns of one few-row task
 
 COLUMN_BLOCK = CB

@@ -336,7 +336,9 @@ class Engine:
 
     @property
     def stats(self) -> dict[str, Any]:
-        """``pool_bytes``, ``used_bytes``, ``pages_in_use``, ``pages_shared``, ``prefix_hits``,
+        """``pool_bytes``, ``used_bytes``, ``pages_in_use`` (held by running sequences),
+        ``pages_shared`` (held by two or more), ``pages_cached`` (registered, held by none),
+        ``prefix_hits``,
         ``running``, ``waiting``, ``steps``, ``preemptions`` and ``ttft_ms`` ({request id: ms} of those with a token)."""
         with self._lock:
             own = {r.rid: sum(sum(1 for i in range(c.num_pages) if c.page_format(i) is not None
@@ -347,6 +349,7 @@ class Engine:
                 "used_bytes": self._pool.used,
                 "pages_in_use": self._pool.pages_in_use(own),
                 "pages_shared": self._pool.pages_shared,
+                "pages_cached": self._pool.pages_cached,
                 "prefix_hits": self._pool.prefix_hits,
                 "running": len(self._running),
                 "waiting": len(self._waiting),

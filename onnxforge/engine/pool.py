@@ -122,5 +122,11 @@ class PagePool:
         return sum(self.layers for e in self.registry.values() if len(e.holders) >= 2)
 
     def pages_in_use(self, per_sequence: dict[int, int]) -> int:
-        """Pages held: each sequence's own plus every registered page once."""
-        return sum(per_sequence.values()) + self.layers * len(self.registry)
+        """Pages the running sequences hold: each one's own plus every registered page some
+        sequence holds, once."""
+        return sum(per_sequence.values()) + self.layers * sum(1 for e in self.registry.values() if e.holders)
+
+    @property
+    def pages_cached(self) -> int:
+        """Registered pages no sequence holds: kept for later prompts, dropped when room is needed."""
+        return self.layers * sum(1 for e in self.registry.values() if not e.holders)

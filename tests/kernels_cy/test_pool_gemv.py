@@ -176,7 +176,7 @@ def test_no_worker_spins_after_a_run_even_a_failed_one():
     assert time.process_time() - c0 < 0.1  # an idle process: no thread is burning a core
 
 
-@pytest.mark.parametrize("m", [2, 3, 4, 5, 8, 13, 16])
+@pytest.mark.parametrize("m", [2, 3, 4, 5, 8, 13, 32])
 @pytest.mark.parametrize("k,n", [(1, 1), (7, 15), (64, 16), (33, 17), (512, 300), (256, 4096 + 5)])
 @pytest.mark.parametrize("threads", [1, 2])
 def test_few_row_products_match_float64(m, k, n, threads):
@@ -197,7 +197,7 @@ def test_few_row_products_refuse_more_rows_or_a_mismatched_weight():
         _gemv.gemm_few(np.ones((2, 4), np.float32), np.ones((5, 3), np.float32), np.empty((2, 3), np.float32))
 
 
-@pytest.mark.parametrize("rows", [2, 8, 16, 17])
+@pytest.mark.parametrize("rows", [2, 8, 16, 32, 33])
 def test_matmul_of_a_few_rows_matches_onnxruntime(rows):
     import onnxruntime as ort
 
