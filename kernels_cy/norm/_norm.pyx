@@ -1,18 +1,19 @@
 # cython: boundscheck=False, wraparound=False, initializedcheck=False, cdivision=True
-"""RMS normalization kernels along the last axis.
+"""Normalization kernels: RMS normalization along the last axis, and the per-channel
+BatchNormalization (inference) and InstanceNormalization over ``[N, C, S]`` planes.
 
 ``rms_norm`` is SimplifiedLayerNormalization / RMSNormalization (opset 23) over
 the last axis; ``skip_rms_norm`` is com.microsoft SkipSimplifiedLayerNormalization
 (output 0 and the ``input + skip (+ bias)`` sum, output 3). Rows are the flattened
 leading axes: callers pass ``x.reshape(-1, hidden)``. float32 only.
 """
-from libc.math cimport sqrtf
+from libc.math cimport sqrt, sqrtf
 
 include "_common.pxi"
 
 include "_pool_client.pxi"
 
-__all__ = ["RowNorm", "SkipRowNorm", "rms_norm", "skip_rms_norm"]
+__all__ = ["RowNorm", "SkipRowNorm", "channel_affine", "instance_norm", "rms_norm", "skip_rms_norm"]
 
 
 cdef inline void _normalize_row(float* row, const float* w, Py_ssize_t h, float eps) noexcept nogil:
@@ -282,3 +283,114 @@ cdef class SkipRowNorm:
         return (out, cnp.PyArray_EMPTY(1, &zero, cnp.NPY_FLOAT32, 0),
                 cnp.PyArray_EMPTY(1, &zero, cnp.NPY_FLOAT32, 0), total)
 
+
+
+ctypedef struct _ChanJob:
+    const float* x
+    float* y
+    const float* mean      # per channel (BatchNormalization), or NULL: each plane's own (instance)
+    const float* scale     # per channel
+    const float* bias      # per channel
+    Py_ssize_t planes
+    Py_ssize_t channels
+    Py_ssize_t size        # elements per plane
+    Py_ssize_t chunk
+    double eps
+
+
+cdef void _chan_planes(const _ChanJob* j, Py_ssize_t p0, Py_ssize_t p1) noexcept nogil:
+    """Planes ``[p0, p1)`` of ``[N * C, S]``: ``y = (x - m) * s + b`` with the channel's
+    ``m = mean[c]``, ``s = scale[c]`` (BatchNormalization: the caller folded
+    ``1 / sqrt(var + eps)`` into it), or the plane's own mean and
+    ``s = scale[c] / sqrt(var + eps)`` (InstanceNormalization; moments in double)."""
+    cdef Py_ssize_t p, i, c, n = j.size
+    cdef const float* xp
+    cdef float* yp
+    cdef double sum, dv, var
+    cdef float m, s, b
+    for p in range(p0, p1):
+        c = p % j.channels
+        xp = j.x + p * n
+        yp = j.y + p * n
+        if j.mean != NULL:
+            m = j.mean[c]
+            s = j.scale[c]
+        else:
+            sum = 0.0
+            for i in range(n):
+                sum += xp[i]
+            sum = sum / n if n > 0 else 0.0
+            var = 0.0
+            for i in range(n):
+                dv = xp[i] - sum
+                var += dv * dv
+            var = var / n if n > 0 else 0.0
+            m = <float>sum
+            s = <float>(j.scale[c] / sqrt(var + j.eps))
+        b = j.bias[c]
+        for i in range(n):
+            yp[i] = (xp[i] - m) * s + b
+
+
+cdef void _chan_task(void* ctx, long t) noexcept nogil:
+    cdef _ChanJob* j = <_ChanJob*>ctx
+    cdef Py_ssize_t p0 = t * j.chunk, p1 = p0 + j.chunk
+    _chan_planes(j, p0, p1 if p1 < j.planes else j.planes)
+
+
+cdef void _chan_run(object x, object mean, object scale, object bias, double eps, object out,
+                    object num_threads, str k) except *:
+    cdef cnp.ndarray xa = _f32(x, k, "x", 3)
+    cdef cnp.ndarray oa = _f32(out, k, "out", 3, writable=True)
+    cdef cnp.ndarray sa = _f32(scale, k, "scale", 1)
+    cdef cnp.ndarray ba = _f32(bias, k, "bias", 1)
+    cdef cnp.ndarray ma = None
+    _same_shape(xa, oa, k, "x", "out")
+    cdef Py_ssize_t C = xa.shape[1]
+    if mean is not None:
+        ma = _f32(mean, k, "mean", 1)
+        if ma.shape[0] != C:
+            raise KernelError(f"{k}: mean has {ma.shape[0]} elements, x has {C} channels")
+    if sa.shape[0] != C or ba.shape[0] != C:
+        raise KernelError(f"{k}: scale {_shape(sa)} and bias {_shape(ba)} must have x's {C} channels")
+    if not eps >= 0.0:
+        raise KernelError(f"{k}: eps must be >= 0, got {eps}")
+    cdef int nt = _threads(num_threads, k)
+    cdef _ChanJob job
+    job.x = <const float*>cnp.PyArray_DATA(xa)
+    job.y = <float*>cnp.PyArray_DATA(oa)
+    job.mean = <const float*>cnp.PyArray_DATA(ma) if ma is not None else NULL
+    job.scale = <const float*>cnp.PyArray_DATA(sa)
+    job.bias = <const float*>cnp.PyArray_DATA(ba)
+    job.planes = xa.shape[0] * C
+    job.channels = C
+    job.size = xa.shape[2]
+    job.eps = eps
+    if job.planes == 0 or job.size == 0:
+        return
+    nt = _fit_threads(nt, job.planes, (2.0 if ma is not None else 5.0) * job.planes * job.size)
+    job.chunk = _rows_per_task(job.planes, nt)
+    with nogil:
+        _run_row_tasks(_chan_task, &job, job.planes, job.chunk, nt)
+
+
+def channel_affine(x, mean, scale, bias, out, num_threads=None):
+    """BatchNormalization's inference form with the variance folded into ``scale``:
+    ``out[n, c, :] = (x[n, c, :] - mean[c]) * scale[c] + bias[c]``.
+
+    x, out: float32 [N, C, S] C-contiguous (``out`` may be ``x``); mean, scale, bias:
+    float32 [C]. Parallel over the ``N * C`` planes.
+    """
+    _chan_run(x, mean, scale, bias, 0.0, out, num_threads, "channel_affine")
+    return out
+
+
+def instance_norm(x, scale, bias, double eps, out, num_threads=None):
+    """InstanceNormalization: each plane ``x[n, c, :]`` normalized by its own mean and
+    (biased) variance, ``out = (x - mean) / sqrt(var + eps) * scale[c] + bias[c]``.
+
+    x, out: float32 [N, C, S] C-contiguous (``out`` may be ``x``); scale, bias: float32
+    [C]. Parallel over the ``N * C`` planes.
+    """
+    _chan_run(x, None, scale, bias, eps, out, num_threads, "instance_norm")
+    return out

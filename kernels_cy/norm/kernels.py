@@ -1,6 +1,6 @@
 """Normalization kernels: RMSNormalization, (Skip)SimplifiedLayerNormalization,
-LayerNormalization and com.microsoft SkipLayerNormalization; float32 rows run the
-compiled ``_norm`` calls."""
+LayerNormalization, com.microsoft SkipLayerNormalization, BatchNormalization (inference)
+and InstanceNormalization; float32 operands run the compiled ``_norm`` calls."""
 from __future__ import annotations
 
 from typing import Any
@@ -203,3 +203,115 @@ class SkipLayerNormalization(Kernel):
         if self.n_out == 1:
             return y
         return (y, mean, inv, s)[:self.n_out]
+
+
+channel_affine = fast.cython_kernel("norm._norm", "channel_affine")
+instance_norm = fast.cython_kernel("norm._norm", "instance_norm")
+
+
+def _as_param(kernel: Kernel, name: str, v: np.ndarray, shapes: tuple[tuple[int, ...], ...]) -> None:
+    if v.shape not in shapes:
+        raise kernel.error(f"{name} has shape {list(v.shape)}, expected " + " or ".join(str(list(s)) for s in shapes))
+
+
+def _channel_view(v: np.ndarray, ndim: int) -> np.ndarray:
+    """A per-channel vector [C] (or [C, *spatial]) shaped to broadcast over [N, C, *spatial]."""
+    return v.reshape((1,) + v.shape + (1,) * (ndim - 1 - v.ndim))
+
+
+@register("", "BatchNormalization")
+class BatchNormalization(Kernel):
+    """BatchNormalization in its inference form at every opset:
+    ``y = scale * (x - mean) / sqrt(var + epsilon) + B`` over axis 1 (any rank >= 2).
+
+    Opsets before 9 may set ``spatial=0``: the parameters are then per element of
+    ``[C, *spatial]``. The training form (``training_mode=1`` at opset 14+, or the running
+    and saved statistics outputs at any opset) is refused at plan time.
+    """
+
+    def __init__(self, spec: NodeSpec):
+        super().__init__(spec)
+        self.eps = spec.float("epsilon", 1e-5)
+        if not self.eps >= 0:
+            raise spec.fail(f"epsilon={self.eps} must be >= 0")
+        if spec.opset >= 14 and spec.choice("training_mode", 0, {0, 1}) == 1:
+            raise spec.fail("training_mode=1 (normalizing by the batch's statistics and updating the running "
+                            "ones) is not supported: only the inference form runs")
+        if any(spec.outputs_used[1:]):
+            raise spec.fail("the training outputs (running mean / variance, saved statistics) are not "
+                            "supported: only the inference form with the one output Y runs")
+        self.spatial = spec.choice("spatial", 1, {0, 1}) == 1 if spec.opset < 9 else True
+        self.n_out = spec.n_outputs
+        self.threads = spec.threads
+
+    def run(self, x, scale, bias, mean, var):
+        if x.ndim < 2:
+            raise self.error(f"input of shape {list(x.shape)} must have rank >= 2 (N, C, ...)")
+        if x.dtype.kind != "f":
+            raise self.error(f"BatchNormalization takes floating-point input, got {x.dtype}")
+        c = x.shape[1]
+        shapes = ((c,),) if self.spatial else ((c,), tuple(x.shape[1:]))
+        for name, v in (("scale", scale), ("B", bias), ("mean", mean), ("var", var)):
+            _as_param(self, name, v, shapes)
+        if not (scale.shape == bias.shape == mean.shape == var.shape):
+            raise self.error("scale, B, mean and var must have one shape")
+        with np.errstate(invalid="ignore", divide="ignore"):
+            factor = scale.astype(np.float64) / np.sqrt(var.astype(np.float64) + self.eps)
+        y = self._normalize(x, mean, factor, bias)
+        if self.n_out == 1:
+            return y
+        # declared but unused training outputs: placeholders of their declared shapes
+        return (y, mean.copy(), var.copy(), np.zeros_like(mean), np.zeros_like(var))[:self.n_out]
+
+    def _normalize(self, x: np.ndarray, mean: np.ndarray, factor: np.ndarray, bias: np.ndarray) -> np.ndarray:
+        if x.dtype == F32 and channel_affine is not None and mean.ndim == 1:
+            n, c = x.shape[0], x.shape[1]
+            xc = np.ascontiguousarray(x)
+            out = np.empty(x.shape, dtype=F32)
+            channel_affine(xc.reshape(n, c, -1), np.ascontiguousarray(mean, dtype=F32), factor.astype(F32),
+                           np.ascontiguousarray(bias, dtype=F32), out.reshape(n, c, -1),
+                           self.threads if self.threads > 1 else None)
+            return out
+        acc = np.float64 if x.dtype == np.float64 else np.float32
+        y = (x.astype(acc) - _channel_view(mean.astype(acc), x.ndim)) * _channel_view(factor.astype(acc), x.ndim)
+        y += _channel_view(bias.astype(acc), x.ndim)
+        return y.astype(x.dtype, copy=False)
+
+
+@register("", "InstanceNormalization")
+class InstanceNormalization(Kernel):
+    """``y = scale[c] * (x - mean) / sqrt(var + epsilon) + B[c]`` with the mean and (biased)
+    variance of each ``[n, c]`` plane over the spatial axes."""
+
+    def __init__(self, spec: NodeSpec):
+        super().__init__(spec)
+        self.eps = spec.float("epsilon", 1e-5)
+        if not self.eps >= 0:
+            raise spec.fail(f"epsilon={self.eps} must be >= 0")
+        self.threads = spec.threads
+
+    def run(self, x, scale, bias):
+        if x.ndim < 3:
+            raise self.error(f"input of shape {list(x.shape)} must have rank >= 3 (N, C and spatial axes)")
+        if x.dtype.kind != "f":
+            raise self.error(f"InstanceNormalization takes floating-point input, got {x.dtype}")
+        c = x.shape[1]
+        _as_param(self, "scale", scale, ((c,),))
+        _as_param(self, "B", bias, ((c,),))
+        if x.dtype == F32 and instance_norm is not None:
+            n = x.shape[0]
+            out = np.empty(x.shape, dtype=F32)
+            instance_norm(np.ascontiguousarray(x).reshape(n, c, -1), np.ascontiguousarray(scale, dtype=F32),
+                          np.ascontiguousarray(bias, dtype=F32), self.eps, out.reshape(n, c, -1),
+                          self.threads if self.threads > 1 else None)
+            return out
+        acc = np.float64 if x.dtype == np.float64 else np.float32
+        xf = x.astype(acc)
+        axes = tuple(range(2, x.ndim))
+        with np.errstate(invalid="ignore", divide="ignore"):
+            mean = np.mean(xf, axis=axes, keepdims=True)
+            d = xf - mean
+            var = np.mean(d * d, axis=axes, keepdims=True)
+            y = d / np.sqrt(var + acc(self.eps)) * _channel_view(scale.astype(acc), x.ndim)
+        y += _channel_view(bias.astype(acc), x.ndim)
+        return y.astype(x.dtype, copy=False)

@@ -2,16 +2,18 @@
 data movement, reductions, quantization, control flow, the ``onnx.reference`` fallback).
 
 Importing this package registers every kernel of every family: the families
-(``attention``, ``cache``, ``matmul``, ``norm``, ``paged``) are imported here."""
+(``attention``, ``cache``, ``conv``, ``matmul``, ``norm``, ``paged``, ``pool``) are imported here."""
 from __future__ import annotations
 
 from onnxforge.kernels_cy.ops.base import REGISTRY, Kernel, NodeSpec, claimed_ops, register
 from onnxforge.kernels_cy.ops import control, elementwise, quant, reduce, shape_ops  # noqa: F401
 import onnxforge.kernels_cy.attention.kernels  # noqa: F401,E402
 import onnxforge.kernels_cy.cache.kernels  # noqa: F401,E402
+import onnxforge.kernels_cy.conv.kernels  # noqa: F401,E402
 import onnxforge.kernels_cy.matmul.kernels  # noqa: F401,E402
 import onnxforge.kernels_cy.norm.kernels  # noqa: F401,E402
 import onnxforge.kernels_cy.paged.kernels  # noqa: F401,E402
 import onnxforge.kernels_cy.paged.ragged  # noqa: F401,E402
+import onnxforge.kernels_cy.pool.kernels  # noqa: F401,E402
 
 __all__ = ["REGISTRY", "Kernel", "NodeSpec", "claimed_ops", "register"]
