@@ -73,17 +73,17 @@ def _batch(kernel: Kernel, x: object) -> PageBatch:
     return x
 
 
-def _starts(kernel: Kernel, starts: object, sequences: int, rows: int) -> np.ndarray:
+def _starts(kernel: Kernel, starts: object, sequences: int, rows: int) -> list[int]:
     s = np.asarray(starts)
     if s.dtype != np.int64 or s.ndim != 1:
         raise kernel.error(f"sequence_starts must be int64 [N + 1], got {s.dtype} {list(s.shape)}")
     if s.shape[0] != sequences + 1:
         raise kernel.error(f"sequence_starts has {s.shape[0]} entries for {sequences} sequences "
                            f"(it needs N + 1 = {sequences + 1})")
-    if s[0] != 0 or s[-1] != rows or (sequences and np.any(np.diff(s) < 0)):
-        raise kernel.error(f"sequence_starts {s.tolist()} must run from 0 to the {rows} rows without "
-                           f"decreasing")
-    return s
+    out: list[int] = s.tolist()
+    if out[0] != 0 or out[-1] != rows or any(b < a for a, b in zip(out, out[1:])):
+        raise kernel.error(f"sequence_starts {out} must run from 0 to the {rows} rows without decreasing")
+    return out
 
 
 @register("ai.onnxforge", "RaggedPagedCacheUpdate")
@@ -104,32 +104,34 @@ class RaggedPagedCacheUpdate(Kernel):
         if value.shape != key.shape:
             raise self.error(f"value has shape {list(value.shape)}, key {list(key.shape)}")
         s = _starts(self, sequence_starts, len(b.caches), rows)
-        pos = np.asarray(position_ids)
-        if pos.dtype != np.int64 or pos.shape != (1, rows):
-            raise self.error(f"position_ids must be int64 [1, {rows}], got {pos.dtype} {list(pos.shape)}")
+        pos_arr = np.asarray(position_ids)
+        if pos_arr.dtype != np.int64 or pos_arr.shape != (1, rows):
+            raise self.error(f"position_ids must be int64 [1, {rows}], got {pos_arr.dtype} "
+                             f"{list(pos_arr.shape)}")
+        pos: list[int] = pos_arr[0].tolist()
         seen: set[int] = set()
         for k, c in enumerate(b.caches):  # every sequence checked before any page changes (KR5)
             if id(c) in seen or id(c) in ctx.staged:
                 raise self.error(f"sequence {k}'s cache appears twice in the batch or is written twice in "
                                  f"one run")
             seen.add(id(c))
-            lo, hi = int(s[k]), int(s[k + 1])
+            lo, hi = s[k], s[k + 1]
             if hi == lo:
                 continue
-            first = int(pos[0, lo])
+            first = pos[lo]
             if first != c.length:
                 raise self.error(f"sequence {k}: its rows start at position {first} but its cache holds "
                                  f"{c.length} tokens (tokens are appended)")
-            if hi - lo > 1 and np.any(pos[0, lo:hi] != np.arange(first, first + hi - lo)):
-                raise self.error(f"sequence {k}: positions {pos[0, lo:hi].tolist()} do not run on by one")
+            if hi - lo > 1 and pos[lo:hi] != list(range(first, first + hi - lo)):
+                raise self.error(f"sequence {k}: positions {pos[lo:hi]} do not run on by one")
             if first + hi - lo > c.capacity:
                 raise self.error(f"sequence {k}: writes [{first}, {first + hi - lo}) beyond its capacity "
                                  f"{c.capacity}")
         for k, c in enumerate(b.caches):
-            lo, hi = int(s[k]), int(s[k + 1])
+            lo, hi = s[k], s[k + 1]
             if hi == lo:
                 continue
-            stage = c.stage(key[:, :, lo:hi], value[:, :, lo:hi], int(pos[0, lo]))
+            stage = c.stage(key[:, :, lo:hi], value[:, :, lo:hi], pos[lo])
             ctx.staged[id(c)] = stage  # committed with the run, discarded if it fails
             if stage.allocated_bytes:
                 ctx.mem.hold(stage.allocated_bytes)
@@ -167,7 +169,7 @@ class RaggedPagedAttention(Kernel):
         s = _starts(self, sequence_starts, len(b.caches), rows)
         out = np.empty(query.shape, dtype=F32)
         for k, c in enumerate(b.caches):
-            lo, hi = int(s[k]), int(s[k + 1])
+            lo, hi = s[k], s[k + 1]
             if hi == lo:
                 continue
             if self.kv_heads and c.kv_heads != self.kv_heads:
