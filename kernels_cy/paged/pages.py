@@ -204,6 +204,14 @@ class PagedKVCache:
         """Bytes of the page payloads actually held."""
         return sum(e[1].nbytes for e in self._pages if e is not None)
 
+    def held_pages(self, shared: bool | None = None) -> int:
+        """Pages held (``shared=True``: only those other caches may hold too; False: only the
+        cache's own)."""
+        if shared is None:
+            return sum(1 for e in self._pages if e is not None)
+        sh = self._shared
+        return sum(1 for e in self._pages if e is not None and (id(e[1]) in sh) == shared)
+
     @property
     def shared_bytes(self) -> int:
         """Bytes of the held payloads other caches may hold too (adopted or shared pages)."""

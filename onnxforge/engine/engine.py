@@ -341,8 +341,7 @@ class Engine:
         ``prefix_hits``,
         ``running``, ``waiting``, ``steps``, ``preemptions`` and ``ttft_ms`` ({request id: ms} of those with a token)."""
         with self._lock:
-            own = {r.rid: sum(sum(1 for i in range(c.num_pages) if c.page_format(i) is not None
-                                  and not c.is_shared(i)) for c in r.caches)
+            own = {r.rid: sum(c.held_pages(shared=False) for c in r.caches)
                    for r in self._running if r.caches is not None}
             return {
                 "pool_bytes": self._pool.capacity,
