@@ -1,4 +1,4 @@
-"""Static rules of the paged KV cache (K1-K9; RULES_PAGED.md has them in RULES.md's style).
+"""Static rules of the paged KV cache (K1-K12; RULES_PAGED.md has them in RULES.md's style).
 
 Sources: M = ``spec/mutable-execution-cache.rst`` (M5 *Heterogeneous paged
 cache*, M4 *Runtime contract*, M2 *Required alias*), V =
@@ -16,6 +16,9 @@ registry*), F = the page formats document (``proto_ext/codecs/kvpages.py``).
 - K7 A page of a cache (encoded initializer "<cache>.pages[<i>]" where graph input <cache> is typed by a container reference) and every encoded value whose layout is named "ONNXFORGE_KV_..." uses a struct layout named by one of the seven format names (unknown formats rejected) with the structure its decoder reads (codebook table [-1, -0.25, 0.25, 1] included). [D5, F]
 - K8 Such a page decodes to the container's logical element type and page shape: logical_type is FLOAT [2, H, P, D] (the container's, or for a value outside a cache its own concrete dims), the declaration's geometry equals it, and records x values per record == 2*H*P*D. [M5, V6, V10]
 - K9 In a graph holding pages or the length of a cache: page ids are in [0, num_pages) (num_pages = capacity / P) and unique; "<cache>.length" is an INT64 [] initializer (reading: one integer element) with 0 <= length <= capacity; every page holding a token below length is present. [M4, V10]
+- K10 RaggedPagedCacheUpdate takes inputs (cache, key, value, sequence_starts, position_ids), all given, and one output; output_alias {0, 0, MUST_ALIAS} is present; the cache is typed as in K2 and has a READ_WRITE root. [M5, M2, M4]
+- K11 RaggedPagedCacheUpdate: key and value share T in {FLOAT, FLOAT16, BFLOAT16}, have rank 4 and dim 0 is 1; with a container reference, dim 1 == H and dim 3 == D; sequence_starts is INT64 of rank 1 and position_ids INT64 of rank 2. [M5, F]
+- K12 RaggedPagedAttention takes (query, cache, sequence_starts) and one output; query has a float T, rank 4 and dim 0 == 1; sequence_starts is INT64 of rank 1; its attributes follow K5. [M5]
 
 Example (the wire form of ``codecs.kvcache``; every rule holds)::
 
