@@ -62,6 +62,11 @@ _EXPORTS: dict[str, str] = {
     "backend_ops": "onnxforge.kernels_cy.runtime.session",
     "make_state": "onnxforge.kernels_cy.runtime.state",
     "make_stateful": "onnxforge.passes.stateful.convert",
+    # many sequences at once
+    "Engine": "onnxforge.engine",
+    "EngineError": "onnxforge.engine.errors",
+    "EngineCapacityError": "onnxforge.engine.errors",
+    "RequestError": "onnxforge.engine.errors",
     # text in, text out
     "Generator": "onnxforge.text.generator",
     "Sampling": "onnxforge.text.sampling",
@@ -71,7 +76,8 @@ _EXPORTS: dict[str, str] = {
 }
 
 # Subpackages reachable as attributes (``of.passes.optimize``) once asked for.
-_SUBMODULES = frozenset({"api", "cli", "errors", "graphbuilder", "kernels_cy", "passes", "proto_ext", "text"})
+_SUBMODULES = frozenset({"api", "cli", "engine", "errors", "graphbuilder", "kernels_cy", "passes", "proto_ext",
+                         "text"})
 
 __all__ = ["__version__", *_EXPORTS]
 
@@ -100,6 +106,10 @@ if TYPE_CHECKING:
     from onnxforge.proto_ext.errors import OnnxforgeError as OnnxforgeError
     from onnxforge.proto_ext.errors import VerificationError as VerificationError
     from onnxforge.proto_ext.errors import WireError as WireError
+    from onnxforge.engine import Engine as Engine
+    from onnxforge.engine.errors import EngineCapacityError as EngineCapacityError
+    from onnxforge.engine.errors import EngineError as EngineError
+    from onnxforge.engine.errors import RequestError as RequestError
     from onnxforge.text.errors import SamplingError as SamplingError
     from onnxforge.text.errors import TextError as TextError
     from onnxforge.text.errors import TokenizerFileError as TokenizerFileError

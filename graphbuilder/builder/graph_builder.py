@@ -70,10 +70,12 @@ from onnxforge.proto_ext.types import (
 __all__ = ["GraphBuilder", "BuildError", "attr_from_value", "struct_ref", "tensor_type", "READ_ONLY", "READ_WRITE"]
 
 # Operators of the ai.onnxforge domain reachable through ``g.op``.
-_ONNXFORGE_OPS = frozenset({"CacheUpdate", "PagedCacheUpdate", "PagedAttention"})
+_ONNXFORGE_OPS = frozenset({"CacheUpdate", "PagedCacheUpdate", "PagedAttention", "RaggedPagedCacheUpdate",
+                            "RaggedPagedAttention"})
 # Port aliases every node of these operators carries.
 _BUILTIN_ALIASES = {(ONNXFORGE_DOMAIN, "CacheUpdate"): (Alias(0, 0, MUST_ALIAS),),
-                    (ONNXFORGE_DOMAIN, "PagedCacheUpdate"): (Alias(0, 0, MUST_ALIAS),)}
+                    (ONNXFORGE_DOMAIN, "PagedCacheUpdate"): (Alias(0, 0, MUST_ALIAS),),
+                    (ONNXFORGE_DOMAIN, "RaggedPagedCacheUpdate"): (Alias(0, 0, MUST_ALIAS),)}
 
 
 class BuildError(OnnxforgeError, ValueError):

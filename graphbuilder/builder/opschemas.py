@@ -147,8 +147,71 @@ def _register_paged() -> None:
     ))
 
 
+
+
+def _register_ragged() -> None:
+    try:
+        defs.get_schema("RaggedPagedCacheUpdate", ONNXFORGE_VERSION, ONNXFORGE_DOMAIN)
+        return
+    except defs.SchemaError:
+        pass
+    attr = defs.OpSchema.Attribute
+    starts = _param("sequence_starts", "tensor(int64)", "row offsets of the sequences: [N + 1], "
+                                                       "0 = starts[0] <= ... <= starts[N] = T; sequence i "
+                                                       "owns rows [starts[i], starts[i + 1])")
+    defs.register_schema(defs.OpSchema(
+        "RaggedPagedCacheUpdate",
+        ONNXFORGE_DOMAIN,
+        ONNXFORGE_VERSION,
+        "PagedCacheUpdate over a ragged batch: `cache` holds one page table per sequence (one layer), "
+        "and sequence i's rows of `key` and `value` are appended to its own pages at "
+        "position_ids[0, starts[i]], which must equal the length that sequence's cache holds; its "
+        "positions run on by one per row. Output 0 must alias input 0 (MUST_ALIAS). Every sequence's "
+        "rows are checked before any page changes.",
+        inputs=[
+            _param("cache", "C", "one layer's page tables of the batch's sequences (TypeProto.struct_type), "
+                                 "bound READ_WRITE"),
+            _param("key", "T", "new keys of all sequences [1, kv_heads, T, head_dim]"),
+            _param("value", "T", "new values of all sequences [1, kv_heads, T, head_dim]"),
+            starts,
+            _param("position_ids", "tensor(int64)", "position of every row [1, T]"),
+        ],
+        outputs=[_param("updated_cache", "C", "the same page tables as `cache`")],
+        type_constraints=[
+            ("C", [PAGED_CACHE_TYPE], "the paged cache batch: a struct value (see the note above)"),
+            ("T", _KV_FLOATS, "key and value element types"),
+        ],
+    ))
+    defs.register_schema(defs.OpSchema(
+        "RaggedPagedAttention",
+        ONNXFORGE_DOMAIN,
+        ONNXFORGE_VERSION,
+        "PagedAttention over a ragged batch: sequence i's query rows [starts[i], starts[i + 1]) attend "
+        "causally over that sequence's own pages (its cache's length, the rows a RaggedPagedCacheUpdate "
+        "of this run appended included); no row sees another sequence.",
+        inputs=[
+            _param("query", "T", "queries of all sequences [1, num_heads, T, head_dim]"),
+            _param("cache", "C", "one layer's page tables of the batch (TypeProto.struct_type), read only"),
+            starts,
+        ],
+        outputs=[_param("output", "T", "attention output [1, num_heads, T, head_dim]")],
+        type_constraints=[
+            ("T", _KV_FLOATS, "query and output element types"),
+            ("C", [PAGED_CACHE_TYPE], "the paged cache batch: a struct value (see the note above)"),
+        ],
+        attributes=[
+            attr("scale", defs.OpSchema.AttrType.FLOAT, "scale of the dot products (default "
+                                                         "1/sqrt(head_dim))", required=False),
+            attr("num_heads", defs.OpSchema.AttrType.INT, "query heads (query dimension 1)", required=True),
+            attr("kv_num_heads", defs.OpSchema.AttrType.INT, "kv heads of the cache; num_heads is a "
+                                                             "multiple of it", required=True),
+        ],
+    ))
+
+
 _register()
 _register_paged()
+_register_ragged()
 
 
 def get_schema(op_type: str, version: int, domain: str) -> defs.OpSchema | None:

@@ -74,4 +74,93 @@ static inline OF_GEMV_SIG(of_gemv_rows) {
     of_gemv_rows_base(x, W, ldw, y, k0, k1, j0, j1);
 }
 
+
+/* Few-row products Y[m, j0:j1] = X[m, :K] @ W[:K, j0:j1] for m < M (M small: the rows of a
+ * batched decode step). W is streamed once per block of four rows instead of once per
+ * row: a strip of 16 columns runs down all K rows with 4 x 16 accumulators in registers;
+ * the strip's cache lines (K x 64 bytes) stay in cache for the next block of rows. */
+#define OF_GEMM_FEW_SIG(name) void name(const float* X, ptrdiff_t ldx, ptrdiff_t M, const float* W, \
+                                        ptrdiff_t ldw, float* Y, ptrdiff_t ldy, ptrdiff_t K, \
+                                        ptrdiff_t j0, ptrdiff_t j1)
+
+static OF_GEMM_FEW_SIG(of_gemm_few_base) {
+    ptrdiff_t m, k, j;
+    for (m = 0; m < M; ++m) {
+        float* y = Y + m * ldy;
+        const float* x = X + m * ldx;
+        for (j = j0; j < j1; ++j) y[j] = 0.0f;
+        for (k = 0; k < K; ++k) {
+            const float a = x[k];
+            const float* w = W + k * ldw;
+            for (j = j0; j < j1; ++j) y[j] += a * w[j];
+        }
+    }
+}
+
+#if OF_HAVE_AVX2_CLONE
+static OF_TARGET_AVX2 OF_GEMM_FEW_SIG(of_gemm_few_avx2) {
+    ptrdiff_t m0, k, j, mi;
+    for (j = j0; j + 16 <= j1; j += 16) {
+        for (m0 = 0; m0 < M; m0 += 4) {
+            const ptrdiff_t mb = M - m0 < 4 ? M - m0 : 4;
+            const float* x0 = X + m0 * ldx;
+            if (mb == 4) {
+                const float *x1 = x0 + ldx, *x2 = x1 + ldx, *x3 = x2 + ldx;
+                __m256 c00 = _mm256_setzero_ps(), c01 = _mm256_setzero_ps();
+                __m256 c10 = _mm256_setzero_ps(), c11 = _mm256_setzero_ps();
+                __m256 c20 = _mm256_setzero_ps(), c21 = _mm256_setzero_ps();
+                __m256 c30 = _mm256_setzero_ps(), c31 = _mm256_setzero_ps();
+                for (k = 0; k < K; ++k) {
+                    const float* w = W + k * ldw + j;
+                    const __m256 w0 = _mm256_loadu_ps(w), w1 = _mm256_loadu_ps(w + 8);
+                    __m256 a = _mm256_set1_ps(x0[k]);
+                    c00 = _mm256_fmadd_ps(a, w0, c00);
+                    c01 = _mm256_fmadd_ps(a, w1, c01);
+                    a = _mm256_set1_ps(x1[k]);
+                    c10 = _mm256_fmadd_ps(a, w0, c10);
+                    c11 = _mm256_fmadd_ps(a, w1, c11);
+                    a = _mm256_set1_ps(x2[k]);
+                    c20 = _mm256_fmadd_ps(a, w0, c20);
+                    c21 = _mm256_fmadd_ps(a, w1, c21);
+                    a = _mm256_set1_ps(x3[k]);
+                    c30 = _mm256_fmadd_ps(a, w0, c30);
+                    c31 = _mm256_fmadd_ps(a, w1, c31);
+                }
+                float* y = Y + m0 * ldy + j;
+                _mm256_storeu_ps(y, c00);
+                _mm256_storeu_ps(y + 8, c01);
+                _mm256_storeu_ps(y + ldy, c10);
+                _mm256_storeu_ps(y + ldy + 8, c11);
+                _mm256_storeu_ps(y + 2 * ldy, c20);
+                _mm256_storeu_ps(y + 2 * ldy + 8, c21);
+                _mm256_storeu_ps(y + 3 * ldy, c30);
+                _mm256_storeu_ps(y + 3 * ldy + 8, c31);
+            } else {
+                for (mi = 0; mi < mb; ++mi) {
+                    const float* x = x0 + mi * ldx;
+                    __m256 c0 = _mm256_setzero_ps(), c1 = _mm256_setzero_ps();
+                    for (k = 0; k < K; ++k) {
+                        const float* w = W + k * ldw + j;
+                        const __m256 a = _mm256_set1_ps(x[k]);
+                        c0 = _mm256_fmadd_ps(a, _mm256_loadu_ps(w), c0);
+                        c1 = _mm256_fmadd_ps(a, _mm256_loadu_ps(w + 8), c1);
+                    }
+                    float* y = Y + (m0 + mi) * ldy + j;
+                    _mm256_storeu_ps(y, c0);
+                    _mm256_storeu_ps(y + 8, c1);
+                }
+            }
+        }
+    }
+    if (j < j1) of_gemm_few_base(X, ldx, M, W, ldw, Y, ldy, K, j, j1);
+}
+#endif
+
+static inline OF_GEMM_FEW_SIG(of_gemm_few) {
+#if OF_HAVE_AVX2_CLONE
+    if (of_simd_avx2) { of_gemm_few_avx2(X, ldx, M, W, ldw, Y, ldy, K, j0, j1); return; }
+#endif
+    of_gemm_few_base(X, ldx, M, W, ldw, Y, ldy, K, j0, j1);
+}
+
 #endif

@@ -10,6 +10,8 @@ than threads, the rows are split too and the partial rows summed afterwards (in 
 own buffers: it is not a runtime buffer, and a decode step allocates nothing for it). Products below
 :data:`PARALLEL_BYTES` of weight run on the calling thread.
 """
+from libc.math cimport isnan
+
 include "_common.pxi"
 
 include "_pool_client.pxi"
@@ -36,16 +38,22 @@ cdef extern from *:
 cdef extern from "_gemv.h" nogil:
     void of_gemv_rows(const float* x, const float* W, Py_ssize_t ldw, float* y,
                       Py_ssize_t k0, Py_ssize_t k1, Py_ssize_t j0, Py_ssize_t j1)
+    void of_gemm_few(const float* X, Py_ssize_t ldx, Py_ssize_t M, const float* W, Py_ssize_t ldw,
+                     float* Y, Py_ssize_t ldy, Py_ssize_t K, Py_ssize_t j0, Py_ssize_t j1)
 
 
-__all__ = ["COLUMN_BLOCK", "PARALLEL_BYTES", "OneRowMatMul", "OneRowSwiGLU", "gemv", "swiglu_row"]
+__all__ = ["COLUMN_BLOCK", "FEW_ROWS", "PARALLEL_BYTES", "OneRowMatMul", "OneRowSwiGLU", "gemm_few", "gemv",
+           "swiglu_gate", "swiglu_row"]
 
 cdef enum:
     CB = 2048
     PAR_BYTES = 1 << 18
+    FEW = 32      # rows a few-row product takes (more go to BLAS)
+    FEW_CB = 256  # columns of one few-row task
 
 COLUMN_BLOCK = CB
 PARALLEL_BYTES = PAR_BYTES
+FEW_ROWS = FEW
 
 
 ctypedef struct _Job:
@@ -158,6 +166,72 @@ cdef int _gemv_core(const float* x, const float* w, Py_ssize_t ldw, float* y, Py
     return _products(&job, False, 0, threads)
 
 
+# -- a few rows (a batched decode step) ---------------------------------------------------
+
+ctypedef struct _FewJob:
+    const float* x
+    const float* w
+    float* y
+    Py_ssize_t M
+    Py_ssize_t K
+    Py_ssize_t N
+    Py_ssize_t ldw
+    Py_ssize_t cols  # columns per task (a multiple of 16)
+
+
+cdef void _few_task(void* ctx, long t) noexcept nogil:
+    cdef _FewJob* j = <_FewJob*>ctx
+    cdef Py_ssize_t j0 = t * j.cols, j1 = j0 + j.cols
+    if j1 > j.N:
+        j1 = j.N
+    of_gemm_few(j.x, j.K, j.M, j.w, j.ldw, j.y, j.N, j.K, j0, j1)
+
+
+cdef int _few_core(const float* x, Py_ssize_t M, const float* w, Py_ssize_t ldw, float* y, Py_ssize_t K,
+                   Py_ssize_t N, int threads) except -1:
+    """``y[m] = x[m] @ w`` for ``M`` rows (x [M, K] and y [M, N] contiguous): column strips on
+    the pool, the weight streamed once per four rows."""
+    if N == 0 or M == 0:
+        return 0
+    cdef _FewJob job
+    job.x = x
+    job.w = w
+    job.y = y
+    job.M = M
+    job.K = K
+    job.N = N
+    job.ldw = ldw
+    cdef int t = threads if K * N * 4 >= PAR_BYTES else 1
+    cdef Py_ssize_t tasks = (N + FEW_CB - 1) // FEW_CB
+    if t > 1 and tasks < 4 * t:  # narrower strips, still whole 16-column vectors
+        job.cols = ((N + 4 * t - 1) // (4 * t) + 15) // 16 * 16
+    else:
+        job.cols = FEW_CB
+    tasks = (N + job.cols - 1) // job.cols
+    with nogil:
+        _run_row_tasks(_few_task, &job, tasks, 1, t)
+    return 0
+
+
+def gemm_few(x, w, out, int threads=1):
+    """``out[m, n] = sum_k x[m, k] * w[k, n]`` for a few rows: x float32 [M, K] and out float32
+    [M, N] C-contiguous (M <= :data:`FEW_ROWS`), w float32 [K, N] with a unit column stride."""
+    cdef str k = "gemm_few"
+    cdef cnp.ndarray xa = _f32(x, k, "x", 2)
+    cdef cnp.ndarray wa = _arr(w, k, "w")
+    cdef cnp.ndarray oa = _f32(out, k, "out", 2, writable=True)
+    cdef Py_ssize_t M = xa.shape[0], K = xa.shape[1]
+    if not _row_operand(wa, K) or M > FEW:
+        raise KernelError(f"{k}: x {_shape(xa)} (at most {FEW} rows) and w {wa.dtype}{_shape(wa)} (float32 "
+                          f"[{K}, N], unit column stride) do not fit")
+    cdef Py_ssize_t N = wa.shape[1]
+    if oa.shape[0] != M or oa.shape[1] != N:
+        raise KernelError(f"{k}: out {_shape(oa)}, expected [{M}, {N}]")
+    _few_core(<const float*>cnp.PyArray_DATA(xa), M, <const float*>cnp.PyArray_DATA(wa),
+              wa.strides[0] // 4 if K > 1 else N, <float*>cnp.PyArray_DATA(oa), K, N, threads)
+    return out
+
+
 cdef bint _row_operand(cnp.ndarray w, Py_ssize_t K) noexcept:
     cdef Py_ssize_t N
     if cnp.PyArray_NDIM(w) != 2 or cnp.PyArray_TYPE(w) != cnp.NPY_FLOAT32 or w.shape[0] != K:
@@ -168,8 +242,8 @@ cdef bint _row_operand(cnp.ndarray w, Py_ssize_t K) noexcept:
 
 cdef class OneRowMatMul:
     """A MatMul kernel's call: a float32 row times a 2-D float32 weight with a unit column
-    stride runs :func:`gemv` with no Python in between; any other operands go to
-    ``fallback(a, b)``."""
+    stride runs :func:`gemv` with no Python in between, up to :data:`FEW_ROWS` rows
+    :func:`gemm_few`; any other operands go to ``fallback(a, b)``."""
 
     cdef int threads
     cdef object fallback
@@ -191,14 +265,20 @@ cdef class OneRowMatMul:
                     and cnp.PyArray_TYPE(ba) == cnp.NPY_FLOAT32 and cnp.PyArray_IS_C_CONTIGUOUS(aa)):
                 K = ba.shape[0]
                 N = ba.shape[1]
-                if K > 0 and cnp.PyArray_SIZE(aa) == K and _row_operand(ba, K):
+                if (K > 0 and aa.shape[nd - 1] == K and cnp.PyArray_SIZE(aa) <= FEW * K
+                        and _row_operand(ba, K)):
                     for i in range(nd - 1):
                         dims[i] = aa.shape[i]
                     dims[nd - 1] = N
                     out = cnp.PyArray_EMPTY(nd, dims, cnp.NPY_FLOAT32, 0)
-                    _gemv_core(<const float*>cnp.PyArray_DATA(aa), <const float*>cnp.PyArray_DATA(ba),
-                               ba.strides[0] // 4 if K > 1 else N, <float*>cnp.PyArray_DATA(out), K, N,
-                               self.threads)
+                    if cnp.PyArray_SIZE(aa) == K:
+                        _gemv_core(<const float*>cnp.PyArray_DATA(aa), <const float*>cnp.PyArray_DATA(ba),
+                                   ba.strides[0] // 4 if K > 1 else N, <float*>cnp.PyArray_DATA(out), K, N,
+                                   self.threads)
+                    else:  # a few rows: the weight streamed once per four of them
+                        _few_core(<const float*>cnp.PyArray_DATA(aa), cnp.PyArray_SIZE(aa) // K,
+                                  <const float*>cnp.PyArray_DATA(ba), ba.strides[0] // 4 if K > 1 else N,
+                                  <float*>cnp.PyArray_DATA(out), K, N, self.threads)
                     return out
         return self.fallback(a, b)
 
@@ -256,6 +336,67 @@ def swiglu_row(x, wg, wu, out, int threads=1):
     _swiglu_core(<const float*>cnp.PyArray_DATA(xa), <const float*>cnp.PyArray_DATA(ga),
                  ga.strides[0] // 4 if K > 1 else N, <const float*>cnp.PyArray_DATA(ua),
                  ua.strides[0] // 4 if K > 1 else N, <float*>cnp.PyArray_DATA(oa), K, N, threads)
+    return out
+
+
+# -- the gate of many rows ------------------------------------------------------------
+
+ctypedef struct _GateJob:
+    const float* g
+    const float* u
+    float* out
+    Py_ssize_t n      # elements in all
+    Py_ssize_t block  # elements per task (a multiple of 64)
+
+
+cdef void _gate_task(void* ctx, long t) noexcept nogil:
+    """Elements ``[t * block, (t + 1) * block)``: the sigmoid into ``out``, then the two products."""
+    cdef _GateJob* j = <_GateJob*>ctx
+    cdef Py_ssize_t lo = t * j.block, hi = lo + j.block, i
+    cdef float a
+    if hi > j.n:
+        hi = j.n
+    of_sigmoid(j.g + lo, j.out + lo, hi - lo)
+    for i in range(lo, hi):
+        a = j.g[i] * j.out[i]
+        j.out[i] = a * j.u[i]
+
+
+def swiglu_gate(g, u, out, int threads=1):
+    """``out = (g * sigmoid(g)) * u`` elementwise over float32 arrays of one size (1-D
+    C-contiguous; ``out`` may be neither input), on the pool. Each block of elements starts
+    at a multiple of 64 and the last ends where the array does, so every element takes the
+    same vector lanes as the Sigmoid kernel's one pass over the whole array gives it: the
+    result is bitwise that of Sigmoid, Mul and Mul (float products commute exactly).
+    Returns ``out``, or None (``out`` untouched) when ``g`` holds a NaN: the Sigmoid kernel
+    then takes its double-precision path, which the caller runs instead."""
+    cdef str k = "swiglu_gate"
+    cdef cnp.ndarray ga = _f32(g, k, "g", 1)
+    cdef cnp.ndarray ua = _f32(u, k, "u", 1)
+    cdef cnp.ndarray oa = _f32(out, k, "out", 1, writable=True)
+    if ua.shape[0] != ga.shape[0] or oa.shape[0] != ga.shape[0]:
+        raise KernelError(f"{k}: g {_shape(ga)}, u {_shape(ua)} and out {_shape(oa)} differ in size")
+    cdef _GateJob job
+    job.g = <const float*>cnp.PyArray_DATA(ga)
+    job.u = <const float*>cnp.PyArray_DATA(ua)
+    job.out = <float*>cnp.PyArray_DATA(oa)
+    job.n = ga.shape[0]
+    if job.n == 0:
+        return out
+    cdef Py_ssize_t i
+    cdef bint nan = False
+    with nogil:
+        for i in range(job.n):
+            if isnan(job.g[i]):
+                nan = True
+                break
+    if nan:
+        return None
+    cdef int nt = threads if threads > 1 and job.n >= (1 << 14) else 1
+    cdef Py_ssize_t blocks = (job.n + 63) // 64
+    job.block = 64 * _rows_per_task(blocks, nt)
+    with nogil:
+        _run_row_tasks(_gate_task, &job, job.n, job.block, nt)
     return out
 
 

@@ -13,7 +13,10 @@ The gated unit of a decoder's MLP (SwiGLU)::
 
 becomes one step ``y = swiglu(x, Wg, Wu)``: on a float32 row both products stream in
 one pass of the worker pool and the gate is applied on the way out
-(``_gemv.OneRowSwiGLU``); any other operands run the five kernels in turn. It is
+(``_gemv.OneRowSwiGLU``); many float32 rows (a prefill, a batched engine step) run
+the two products on BLAS, then the gate in one compiled pass on the pool
+(``_gemv.swiglu_gate``, bitwise the Sigmoid and Mul kernels); any other operands run
+the five kernels in turn. It is
 placed where the group's first node was, which every input precedes.
 """
 from __future__ import annotations
@@ -28,6 +31,8 @@ from onnxforge.kernels_cy.ops import fast
 from onnxforge.kernels_cy.ops.base import Kernel, norm_domain
 
 __all__ = ["Fused", "SwiGLU", "find_swiglu"]
+
+F32 = np.dtype(np.float32)
 
 
 @dataclass(slots=True, eq=False)
@@ -111,6 +116,7 @@ class SwiGLU(Kernel):
         self.mm_g, self.mm_u, self.sig, self.mul_a, self.mul_y = steps
         self.a_first = a_first
         self.g_first = g_first
+        self.threads = threads
         if fast.OneRowSwiGLU is not None:
             self.run = fast.OneRowSwiGLU(threads, self._run)  # type: ignore[method-assign]
 
@@ -120,6 +126,15 @@ class SwiGLU(Kernel):
     def _run(self, ctx, x, wg, wu):
         g = self.mm_g(x, wg)
         u = self.mm_u(x, wu)
+        if (fast.swiglu_gate is not None and isinstance(g, np.ndarray) and isinstance(u, np.ndarray)
+                and g.dtype == F32 and u.dtype == F32 and g.shape == u.shape and g.flags.c_contiguous
+                and u.flags.c_contiguous):  # many rows: the products, then the gate in one pass
+            out = np.empty(g.shape, dtype=F32)
+            if fast.swiglu_gate(g.reshape(-1), u.reshape(-1), out.reshape(-1), self.threads) is not None:
+                held = g.nbytes + u.nbytes
+                ctx.mem.hold(held)
+                ctx.mem.live -= held
+                return out
         s = self.sig(g)
         a = self.mul_a(g, s) if self.g_first else self.mul_a(s, g)
         held = sum(int(np.asarray(t).nbytes) for t in (g, u, s, a))

@@ -14,6 +14,7 @@ import onnxforge.kernels_cy.conv.kernels  # noqa: F401,E402
 import onnxforge.kernels_cy.matmul.kernels  # noqa: F401,E402
 import onnxforge.kernels_cy.norm.kernels  # noqa: F401,E402
 import onnxforge.kernels_cy.paged.kernels  # noqa: F401,E402
+import onnxforge.kernels_cy.paged.ragged  # noqa: F401,E402
 import onnxforge.kernels_cy.pool.kernels  # noqa: F401,E402
 import onnxforge.kernels_cy.resize.grid  # noqa: F401,E402
 import onnxforge.kernels_cy.resize.kernels  # noqa: F401,E402

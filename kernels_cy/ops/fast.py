@@ -40,6 +40,7 @@ gelu_flat = cython_kernel("ops._erf", "gelu_flat")
 cache_update = cython_kernel("cache._cache", "cache_update")
 OneRowMatMul = cython_kernel("matmul._gemv", "OneRowMatMul")
 OneRowSwiGLU = cython_kernel("matmul._gemv", "OneRowSwiGLU")
+swiglu_gate = cython_kernel("matmul._gemv", "swiglu_gate")
 # the shared worker pool: a session marks its runs so the workers spin only during one
 pool_run_begins = cython_kernel("runtime._pool", "run_begins")
 pool_run_ends = cython_kernel("runtime._pool", "run_ends")

@@ -110,10 +110,11 @@ def page_bytes(int fmt, Py_ssize_t H, Py_ssize_t P, Py_ssize_t D) -> int:
 
 def workspace_floats(Py_ssize_t P, Py_ssize_t D, Py_ssize_t Hq=0) -> int:
     """Floats of one thread's attention workspace: one block's K and V rows of one head
-    (one page, or 64 keys of smaller pages), the scores of up to MAXG query heads and the
-    accumulators of max(Hq, MAXG) query heads (independent of the context length)."""
+    (one page, or 64 keys of smaller pages), the scores of up to MAXG query rows, the
+    accumulators of max(Hq, MAXG) query heads and MAXG gathered query rows (a block of
+    queries; independent of the context length)."""
     cdef Py_ssize_t kb = _block_keys(P)
-    return 2 * kb * D + MAXG_ * kb + (Hq if Hq > MAXG_ else MAXG_) * (D + 2)
+    return 2 * kb * D + MAXG_ * kb + (Hq if Hq > MAXG_ else MAXG_) * (D + 2) + MAXG_ * D
 
 
 cdef str _check(str k, int fmt, Py_ssize_t nbytes, Py_ssize_t H, Py_ssize_t P, Py_ssize_t D):
@@ -354,6 +355,50 @@ cdef void _attend(const float* q0, Py_ssize_t qhs, Py_ssize_t G, const int64_t* 
     _finish(G, D, hi, acc, den, o0, ohs)
 
 
+cdef void _attend_queries(const float* q, Py_ssize_t S, Py_ssize_t s0, Py_ssize_t nq, Py_ssize_t h0,
+                          Py_ssize_t nh, const int64_t* addr, const int32_t* fmts, Py_ssize_t h,
+                          Py_ssize_t total, Py_ssize_t H, Py_ssize_t P, Py_ssize_t D, float scale, float* ws,
+                          Py_ssize_t wsfloats, float* out) noexcept nogil:
+    """Queries [s0, s0 + nq) of query heads [h0, h0 + nh) (all of KV head h; nq * nh <= MAXG)
+    over their causal keys: the query rows gathered into one block, the pages every one of
+    them sees whole read once for the block, the last keys per query. The same online
+    softmax as :func:`_attend`, with one page decoded for nq queries instead of one."""
+    cdef Py_ssize_t KB = _block_keys(P), ppb = KB // P
+    cdef float* kbuf = ws
+    cdef float* vbuf = ws + KB * D
+    cdef float* sc = ws + 2 * KB * D
+    cdef float* acc = sc + MAXG_ * KB
+    cdef float* mx = acc + MAXG_ * D
+    cdef float* den = mx + MAXG_
+    cdef float* qbuf = ws + wsfloats - MAXG_ * D  # the workspace's last MAXG rows
+    cdef Py_ssize_t R = nq * nh, i, g, pb, pe, hi, npg
+    cdef Py_ssize_t hi0 = total - S + s0 + 1  # the first query's keys: the fewest of the block
+    cdef Py_ssize_t common = hi0 // P  # pages every query of the block sees whole
+    for i in range(nq):
+        for g in range(nh):
+            memcpy(qbuf + (i * nh + g) * D, q + ((h0 + g) * S + s0 + i) * D, D * 4)
+    for i in range(R):
+        mx[i] = -INFINITY
+        den[i] = 0.0
+    memset(acc, 0, R * D * 4)
+    pb = 0
+    while pb < common:
+        pe = pb + ppb if pb + ppb < common else common
+        _pages_block(addr, fmts, pb, pe, common * P, qbuf, D, R, h, H, P, D, scale, kbuf, vbuf, sc, KB,
+                     acc, mx, den)
+        pb = pe
+    for i in range(nq):
+        hi = hi0 + i
+        npg = (hi + P - 1) // P
+        pb = common
+        while pb < npg:
+            pe = pb + ppb if pb + ppb < npg else npg
+            _pages_block(addr, fmts, pb, pe, hi, qbuf + i * nh * D, D, nh, h, H, P, D, scale, kbuf, vbuf, sc,
+                         KB, acc + i * nh * D, mx + i * nh, den + i * nh)
+            pb = pe
+        _finish(nh, D, hi, acc + i * nh * D, den + i * nh, out + (h0 * S + s0 + i) * D, S * D)
+
+
 ctypedef struct _PagesJob:
     const float* q
     Py_ssize_t G
@@ -367,10 +412,30 @@ ctypedef struct _PagesJob:
     float scale
     float* ws
     Py_ssize_t wstride
+    Py_ssize_t wsfloats
     float* out
     Py_ssize_t S           # query tokens (the items tasks)
     Py_ssize_t nchunk      # chunks of at most MAXG heads per group
-    Py_ssize_t items       # H * S * nchunk
+    Py_ssize_t items       # H * S * nchunk (or H * query blocks * nchunk)
+    Py_ssize_t qb          # queries per block (1: one query per item)
+
+
+cdef void _blocks_task(void* ctx, long part) noexcept nogil:
+    """Items ``part, part + nparts, ...``: (KV head, block of ``qb`` queries, chunk of heads)."""
+    cdef _PagesJob* j = <_PagesJob*>ctx
+    cdef Py_ssize_t nqb = (j.S + j.qb - 1) // j.qb
+    cdef Py_ssize_t item = part, h, b, ch, h0, nh, s0, nq
+    while item < j.items:
+        h = item // (nqb * j.nchunk)
+        b = (item // j.nchunk) % nqb
+        ch = item % j.nchunk
+        h0 = h * j.G + ch * MAXG_
+        nh = j.G - ch * MAXG_ if j.G - ch * MAXG_ < MAXG_ else MAXG_
+        s0 = b * j.qb
+        nq = j.S - s0 if j.S - s0 < j.qb else j.qb
+        _attend_queries(j.q, j.S, s0, nq, h0, nh, j.addr, j.fmts, h, j.total, j.H, j.P, j.D, j.scale,
+                        j.ws + part * j.wstride, j.wsfloats, j.out)
+        item = item + j.nparts
 
 
 cdef void _items_task(void* ctx, long part) noexcept nogil:
@@ -482,6 +547,14 @@ def attention(const float[:, :, ::1] q, const int64_t[::1] addr, const int32_t[:
     pj.S = S
     pj.nchunk = nchunk
     pj.items = H * S * nchunk
+    pj.wsfloats = workspace_floats(P, D, Hq)
+    pj.qb = MAXG_ // (grp if grp < MAXG_ else MAXG_)
+    if S > 1 and pj.qb > 1:  # a prefill: blocks of queries share each page's decoding
+        pj.items = H * ((S + pj.qb - 1) // pj.qb) * nchunk
+        pj.nparts = num_threads if num_threads < pj.items else pj.items
+        with nogil:
+            of_pool_parallel_for(pj.nparts, _blocks_task, &pj, <int>pj.nparts)
+        return
     if S == 1 and grp <= MAXG_:
         pj.nparts = num_threads if num_threads < H else H
         with nogil:

@@ -180,6 +180,7 @@ class PagedKVCache:
         # below them (newest format); swapped with that page when the step commits
         self._staging = self._new_page(self.formats[0])
         self._stage: PageStage | None = None  # the step in flight, if any
+        self._shared: set[int] = set()  # ids of payloads other caches may hold too (never written)
         self.allocated_bytes = 0
         self.copied_bytes = 0
         self.last = PageCounters()
@@ -202,6 +203,19 @@ class PagedKVCache:
     def nbytes(self) -> int:
         """Bytes of the page payloads actually held."""
         return sum(e[1].nbytes for e in self._pages if e is not None)
+
+    def held_pages(self, shared: bool | None = None) -> int:
+        """Pages held (``shared=True``: only those other caches may hold too; False: only the
+        cache's own)."""
+        if shared is None:
+            return sum(1 for e in self._pages if e is not None)
+        sh = self._shared
+        return sum(1 for e in self._pages if e is not None and (id(e[1]) in sh) == shared)
+
+    @property
+    def shared_bytes(self) -> int:
+        """Bytes of the held payloads other caches may hold too (adopted or shared pages)."""
+        return sum(e[1].nbytes for e in self._pages if e is not None and id(e[1]) in self._shared)
 
     @property
     def workspace_bytes(self) -> int:
@@ -265,6 +279,9 @@ class PagedKVCache:
         return int(_paged.page_bytes(_CODE[fmt], self.kv_heads, self.page_size, self.head_dim))
 
     def _store(self, i: int, fmt: str, payload: np.ndarray) -> None:
+        old = self._pages[i]
+        if old is not None and old[1] is not payload:
+            self._shared.discard(id(old[1]))
         self._pages[i] = (fmt, payload)
         self._addr[i] = payload.ctypes.data
         self._fmt[i] = _CODE[fmt]
@@ -383,8 +400,12 @@ class PagedKVCache:
         converted = []
         for i, (fmt, payload) in stage.pages.items():
             old = self._pages[i]
-            if i == stage.staging:
+            if i == stage.staging and id(old[1]) not in self._shared:
                 self._staging = old[1]  # the replaced payload is the next staging page
+            elif i == stage.staging:  # a shared payload is never written: a staging page of its own
+                self._shared.discard(id(old[1]))
+                self._staging = self._new_page(self.formats[0])
+                alloc += self._staging.nbytes
             elif old is not None:
                 freed += old[1].nbytes
             self._store(i, fmt, payload)
@@ -466,6 +487,36 @@ class PagedKVCache:
         self._store(i, fmt, arr)
         self.copied_bytes += copied
         self.last = PageCounters(copied_bytes=copied)
+
+    def share_page(self, page_id: int) -> tuple[str, np.ndarray]:
+        """``(format, payload)`` of a held page, to be adopted by another cache
+        (:meth:`adopt_page`): from now on this cache never writes that payload either
+        (a step that extends the page writes a copy; aging re-encodes into a new one)."""
+        self._idle("share_page")
+        i = self._page(page_id)
+        e = self._pages[i]
+        if e is None:
+            raise PageIdError(f"page {i} is missing; there is nothing to share")
+        self._shared.add(id(e[1]))
+        return e
+
+    def adopt_page(self, page_id: int, fmt: str, payload: np.ndarray) -> None:
+        """Hold a payload another cache shares (:meth:`share_page`) as page ``page_id``,
+        without a copy; it is never written here (rule R2's exception for engine pools)."""
+        self._idle("adopt_page")
+        i = self._page(page_id)
+        _code(fmt)
+        if not isinstance(payload, np.ndarray) or payload.dtype != np.uint8 or payload.ndim != 1 \
+                or payload.size != self._nbytes(fmt) or not payload.flags.c_contiguous:
+            raise PageFormatError(f"page {i}: an adopted payload is a C-contiguous uint8 array of the "
+                                  f"{fmt} page's {self._nbytes(fmt)} bytes")
+        self._store(i, fmt, payload)
+        self._shared.add(id(payload))
+
+    def is_shared(self, page_id: int) -> bool:
+        """True when page ``page_id``'s payload may be held by another cache too."""
+        e = self._pages[self._page(page_id)]
+        return e is not None and id(e[1]) in self._shared
 
     def set_length(self, length: int) -> None:
         """Publish ``length`` valid tokens (restoring a saved state); every page covering

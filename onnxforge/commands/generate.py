@@ -32,6 +32,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from onnxforge.commands.batch import add_batch_options, batch_command, wants_batch
 from onnxforge.commands.cache import add_cache_options, cache_options
 from onnxforge.commands.text import add_text_options, no_text_options, text_command
 from onnxforge.graphbuilder.ir.core import Model
@@ -59,6 +60,7 @@ def add_generate_parser(subparsers: Any, **parser_kwargs: Any) -> argparse.Argum
     p.add_argument("--threads", type=int, default=None, metavar="N",
                    help="bound the backend's threads and BLAS to N (default: every core)")
     add_cache_options(p)
+    add_batch_options(p, prompt)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=generate_command)
@@ -204,6 +206,8 @@ def generate_command(args: argparse.Namespace, label: str | None = None) -> int:
     if args.prompt is not None or args.chat:
         return text_command(args)
     no_text_options(args)
+    if wants_batch(args):
+        return batch_command(args, None if args.prompts_file is not None else _prompt(args))
     prompt = _prompt(args)
     if args.new is None:
         raise FeedError("--new N is required with --prompt-ids and --prompt-len")

@@ -63,9 +63,12 @@ class Sampling:
 class Sampler:
     """Picks tokens with ``sampling``; one per sequence (its generator advances per draw)."""
 
-    def __init__(self, sampling: Sampling | None = None) -> None:
+    def __init__(self, sampling: Sampling | None = None, stream: int | None = None) -> None:
+        """``stream``: draws from the generator seeded with ``(seed, stream)`` instead of
+        ``seed`` (the continuations of one forked sequence, each reproducible)."""
         self.sampling = sampling if sampling is not None else Sampling()
-        self._rng = np.random.default_rng(self.sampling.seed)
+        seed = self.sampling.seed
+        self._rng = np.random.default_rng(seed if stream is None or seed is None else [seed, stream])
 
     def pick(self, logits: np.ndarray, seen: Iterable[int] = ()) -> int:
         """The next token from the last position's ``logits`` [vocabulary]; ``seen``: the

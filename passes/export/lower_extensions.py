@@ -24,7 +24,7 @@ compute the same logical values, statelessly:
   ``TensorScatter(cache, values, write_indices)`` (opset 24, the position
   broadcast to ``[batch]``) or, below opset 24, ``ScatterElements`` with the
   indices ``position[b] + j`` (the same result);
-* ``PagedCacheUpdate`` and ``PagedAttention`` have no lowering: export rejects
+* ``PagedCacheUpdate`` and ``PagedAttention`` (and their ragged forms) have no lowering: export rejects
   them with :data:`UNLOWERABLE_EXTENSIONS`' reason (a paged cache has no
   standard form);
 * **persistent bindings** of the main graph are removed and returned as a
@@ -581,6 +581,8 @@ _PAGED_WHY = ("a paged KV cache has no standard ONNX form: its pages are runtime
 UNLOWERABLE_EXTENSIONS: dict[tuple[str, str], str] = {
     (ONNXFORGE_DOMAIN, "PagedCacheUpdate"): _PAGED_WHY,
     (ONNXFORGE_DOMAIN, "PagedAttention"): _PAGED_WHY,
+    (ONNXFORGE_DOMAIN, "RaggedPagedCacheUpdate"): _PAGED_WHY,
+    (ONNXFORGE_DOMAIN, "RaggedPagedAttention"): _PAGED_WHY,
 }
 """``ai.onnxforge`` operators standard export rejects on purpose, with the reason."""
 

@@ -191,7 +191,7 @@ def _gqa_plan(past: Value, present: Value, node: Node) -> tuple[Value, Value, No
 def make_stateful(model: Any, max_length: int, bindings: Mapping[str, str] | None = None, *,
                   batch: int | None = None, genai_config: Mapping[str, Any] | None = None,
                   cache: str = "contiguous", page_size: int = 16,
-                  formats: str | Sequence[str] = ("float32",)) -> Model:
+                  formats: str | Sequence[str] = ("float32",), ragged: bool = False) -> Model:
     """Rewrite ``model`` (IR, ModelProto, bytes or path) into an in-place stateful decoder.
 
     ``max_length`` is the cache capacity; ``batch`` fixes a symbolic batch dimension;
@@ -204,11 +204,16 @@ def make_stateful(model: Any, max_length: int, bindings: Mapping[str, str] | Non
     ``ceil(max_length / page_size)`` pages whose formats follow ``formats`` by age
     (newest page first, the last repeating: ``"float32,int8,int4"``); see
     :mod:`onnxforge.passes.stateful.paged`. A paged model serves one sequence (batch 1).
+    With ``ragged=True`` (paged only) it serves many: one run carries the new tokens of
+    several sequences, each with its own page tables (:mod:`onnxforge.passes.stateful.ragged`;
+    what :class:`onnxforge.Engine` runs).
     """
     if not isinstance(max_length, int) or isinstance(max_length, bool) or max_length < 1:
         raise StatefulError(f"max_length must be a positive int, got {max_length!r}")
     if cache not in ("contiguous", "paged"):
         raise StatefulError(f"cache must be 'contiguous' or 'paged', got {cache!r}")
+    if ragged and cache != "paged":
+        raise StatefulError("ragged=True needs cache='paged': a batch of sequences shares one page pool")
     if cache == "paged":
         from onnxforge.passes.stateful.paged import parse_page_formats, to_paged
 
@@ -218,7 +223,12 @@ def make_stateful(model: Any, max_length: int, bindings: Mapping[str, str] | Non
         if batch not in (None, 1):
             raise StatefulError(f"a paged cache serves one sequence: batch must be 1, got {batch}")
         m = make_stateful(model, max_length, bindings, batch=1, genai_config=genai_config)
-        return to_paged(m, page_size, policy)
+        m = to_paged(m, page_size, policy)
+        if ragged:
+            from onnxforge.passes.stateful.ragged import to_ragged
+
+            m = to_ragged(m)
+        return m
     m, config = _load(model)
     config = genai_config if genai_config is not None else config
     g = m.graph

@@ -1,4 +1,4 @@
-"""Static rules of the paged KV cache (K1-K9; RULES_PAGED.md has them in RULES.md's style).
+"""Static rules of the paged KV cache (K1-K12; RULES_PAGED.md has them in RULES.md's style).
 
 Sources: M = ``spec/mutable-execution-cache.rst`` (M5 *Heterogeneous paged
 cache*, M4 *Runtime contract*, M2 *Required alias*), V =
@@ -16,6 +16,9 @@ registry*), F = the page formats document (``proto_ext/codecs/kvpages.py``).
 - K7 A page of a cache (encoded initializer "<cache>.pages[<i>]" where graph input <cache> is typed by a container reference) and every encoded value whose layout is named "ONNXFORGE_KV_..." uses a struct layout named by one of the seven format names (unknown formats rejected) with the structure its decoder reads (codebook table [-1, -0.25, 0.25, 1] included). [D5, F]
 - K8 Such a page decodes to the container's logical element type and page shape: logical_type is FLOAT [2, H, P, D] (the container's, or for a value outside a cache its own concrete dims), the declaration's geometry equals it, and records x values per record == 2*H*P*D. [M5, V6, V10]
 - K9 In a graph holding pages or the length of a cache: page ids are in [0, num_pages) (num_pages = capacity / P) and unique; "<cache>.length" is an INT64 [] initializer (reading: one integer element) with 0 <= length <= capacity; every page holding a token below length is present. [M4, V10]
+- K10 RaggedPagedCacheUpdate takes inputs (cache, key, value, sequence_starts, position_ids), all given, and one output; output_alias {0, 0, MUST_ALIAS} is present; the cache is typed as in K2 and has a READ_WRITE root. [M5, M2, M4]
+- K11 RaggedPagedCacheUpdate: key and value share T in {FLOAT, FLOAT16, BFLOAT16}, have rank 4 and dim 0 is 1; with a container reference, dim 1 == H and dim 3 == D; sequence_starts is INT64 of rank 1 and position_ids INT64 of rank 2. [M5, F]
+- K12 RaggedPagedAttention takes (query, cache, sequence_starts) and one output; query has a float T, rank 4 and dim 0 == 1; sequence_starts is INT64 of rank 1; its attributes follow K5. [M5]
 
 Example (the wire form of ``codecs.kvcache``; every rule holds)::
 
@@ -60,13 +63,13 @@ __all__ = ["PAGED_DOMAIN", "Geometry", "check_paged", "container_geometry"]
 PAGED_DOMAIN = "ai.onnxforge"
 _KV_TYPES = frozenset({TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16})
 _PAGE_PREFIX = "ONNXFORGE_KV_"
-_OPS = ("PagedCacheUpdate", "PagedAttention")
+_OPS = ("PagedCacheUpdate", "PagedAttention", "RaggedPagedCacheUpdate", "RaggedPagedAttention")
 Geometry = tuple[int, int, int, int]  # (H, P, D, capacity)
 
 
 @register("paged")
 def check_paged(view: ModelView, report: Report) -> None:
-    """K1-K9 over every graph and local function of ``view``."""
+    """K1-K12 over every graph and local function of ``view``."""
     containers: dict[int, Geometry | None] = {}
     for i, decl in enumerate(view.struct_types):
         if decl.name == CACHE_STRUCT_NAME and decl.type_id:
@@ -83,6 +86,10 @@ def check_paged(view: ModelView, report: Report) -> None:
                     _update(aliases, s, node, containers, report)
                 elif node.op_type == "PagedAttention":
                     _attention(s, node, containers, report)
+                elif node.op_type == "RaggedPagedCacheUpdate":
+                    _ragged_update(aliases, s, node, containers, report)
+                elif node.op_type == "RaggedPagedAttention":
+                    _ragged_attention(s, node, containers, report)
     for g in iter_graphs(view):
         _pages(g, containers, report)
 
@@ -231,6 +238,70 @@ def _same_kv(node: NodeView, key: TensorType, value: TensorType, report: Report)
     for i, (k, v) in enumerate(zip(key.shape, value.shape)):
         if isinstance(k, int) and isinstance(v, int) and k != v:
             report.add("K3", f"{node.path}.input[2]", f"value dimension {i} is {v}, key has {k}")
+
+
+# -- the ragged batch form (K10-K12) ------------------------------------------------------------
+
+def _int64_of_rank(s: Scope, node: NodeView, i: int, rank: int, what: str, rule: str, report: Report) -> None:
+    t = type_of(s, node.inputs[i])
+    if t is not None and not (isinstance(t, TensorType) and t.elem_type == TensorProto.INT64
+                              and (t.shape is None or len(t.shape) == rank)):
+        report.add(rule, f"{node.path}.input[{i}]", f"{what} {node.inputs[i]!r} must be INT64 of rank {rank}, "
+                                                    f"not {t}")
+
+
+def _ragged_update(a: ModelAliases, s: Scope, node: NodeView, containers: dict[int, Geometry | None],
+                   report: Report) -> None:
+    p = node.path
+    if len(node.inputs) != 5 or not all(node.inputs) or len(node.outputs) != 1 or not node.outputs[0]:
+        report.add("K10", p, "RaggedPagedCacheUpdate takes inputs (cache, key, value, sequence_starts, "
+                             "position_ids) and one output")
+        return
+    if not any(al.output_index == 0 and al.input_index == 0 and al.kind == MUST_ALIAS for al in node.output_alias):
+        report.add("K10", f"{p}.output_alias", "RaggedPagedCacheUpdate needs output_alias {output_index: 0, "
+                                               "input_index: 0, kind: MUST_ALIAS}")
+    geo = _cache_type(s, node, 0, containers, report)
+    r = a.root(s, node.inputs[0])
+    if r is not None and not rw_root(r):
+        report.add("K10", f"{p}.input[0]", f"the cache batch {node.inputs[0]!r} is updated in place, but its "
+                                           f"root is {root_text(r)}, not a READ_WRITE input")
+    key, value = type_of(s, node.inputs[1]), type_of(s, node.inputs[2])
+    for i, t in ((1, key), (2, value)):
+        if t is None:
+            continue
+        if not isinstance(t, TensorType) or t.elem_type not in _KV_TYPES or (t.shape is not None and (
+                len(t.shape) != 4 or (isinstance(t.shape[0], int) and t.shape[0] != 1))):
+            report.add("K11", f"{p}.input[{i}]", f"{node.inputs[i]!r} is {t}; key and value are FLOAT, FLOAT16 "
+                                                 f"or BFLOAT16 tensors [1, Hkv, T, D] (all sequences' rows)")
+        elif geo is not None and t.shape is not None:
+            for dim, want in ((1, geo[0]), (3, geo[2])):
+                if isinstance(t.shape[dim], int) and t.shape[dim] != want:
+                    report.add("K11", f"{p}.input[{i}]", f"dimension {dim} is {t.shape[dim]}, the cache has "
+                                                         f"{want}")
+    if isinstance(key, TensorType) and isinstance(value, TensorType) and key.elem_type != value.elem_type:
+        report.add("K11", f"{p}.input[2]", f"value is {type_name(value.elem_type)}, key is "
+                                           f"{type_name(key.elem_type)}")
+    _int64_of_rank(s, node, 3, 1, "sequence_starts", "K11", report)
+    _int64_of_rank(s, node, 4, 2, "position_ids", "K11", report)
+
+
+def _ragged_attention(s: Scope, node: NodeView, containers: dict[int, Geometry | None], report: Report) -> None:
+    p = node.path
+    if len(node.inputs) != 3 or not all(node.inputs) or len(node.outputs) != 1 or not node.outputs[0]:
+        report.add("K12", p, "RaggedPagedAttention takes inputs (query, cache, sequence_starts) and one output")
+        return
+    geo = _cache_type(s, node, 1, containers, report)
+    q = type_of(s, node.inputs[0])
+    qshape = None
+    if q is not None:
+        if not isinstance(q, TensorType) or q.elem_type not in _KV_TYPES or (q.shape is not None and (
+                len(q.shape) != 4 or (isinstance(q.shape[0], int) and q.shape[0] != 1))):
+            report.add("K12", f"{p}.input[0]", f"query {node.inputs[0]!r} is {q}; it must be a FLOAT, FLOAT16 "
+                                               f"or BFLOAT16 tensor [1, Hq, T, D]")
+        else:
+            qshape = q.shape
+    _int64_of_rank(s, node, 2, 1, "sequence_starts", "K12", report)
+    _attention_attributes(node, qshape, geo, report)
 
 
 # -- PagedAttention (K4, K5) --------------------------------------------------------------------

@@ -251,7 +251,8 @@ def cache_update(d: Draw) -> Case:
 
 
 def paged(d: Draw) -> Case:
-    raise Skip("paged operators need a paged cache state (covered by tests/kernels_cy/test_paged_*.py)")
+    raise Skip("paged operators need a paged cache state (covered by tests/kernels_cy/test_paged_*.py "
+               "and, for the ragged batch forms, tests/kernels_cy/test_ragged.py)")
 
 
 # -- control flow ----------------------------------------------------------------------------
@@ -360,6 +361,7 @@ GENERATORS: dict[tuple[str, str], Any] = {
     ("", "Attention"): attention, (MS, "GroupQueryAttention"): gqa, (MS, "MatMulNBits"): matmul_nbits,
     ("ai.onnxforge", "CacheUpdate"): cache_update,
     ("ai.onnxforge", "PagedAttention"): paged, ("ai.onnxforge", "PagedCacheUpdate"): paged,
+    ("ai.onnxforge", "RaggedPagedAttention"): paged, ("ai.onnxforge", "RaggedPagedCacheUpdate"): paged,
     ("", "If"): if_, ("", "Loop"): loop, ("", "Scan"): scan,
 }
 _ = BF16

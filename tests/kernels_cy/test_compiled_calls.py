@@ -40,7 +40,7 @@ def test_one_row_matmul_hands_other_operands_to_the_fallback():
     rng = np.random.default_rng(2)
     b = rng.standard_normal((8, 6), dtype=np.float32)
     cases = [
-        (rng.standard_normal((2, 8), dtype=np.float32), b),            # two rows
+        (rng.standard_normal((33, 8), dtype=np.float32), b),           # more rows than a few-row product takes
         (rng.standard_normal((1, 8)), b),                               # float64 row
         (rng.standard_normal((1, 8), dtype=np.float32), np.asfortranarray(b)),  # column stride
         (rng.standard_normal((1, 16), dtype=np.float32)[:, ::2], b),    # non-contiguous row

@@ -126,9 +126,23 @@ def test_session_fuses_the_gate_and_matches_onnxruntime(swap_a, swap_y, rows):
     c = sess.last_run
     if rows == 1:  # the compiled call: the gated row and the down projection's output, nothing else
         assert c.allocated_bytes == n * 4 + k * 4
-    else:  # the kernels in turn: their four intermediates are counted too
-        assert c.allocated_bytes == rows * (n * 4 * 5 + k * 4)
+    else:  # the two products, then the gate in one compiled pass: the products are counted too
+        assert c.allocated_bytes == rows * (n * 4 * 3 + k * 4)
     assert c.copied_bytes == 0
+
+
+@pytest.mark.parametrize("rows", [3, 37])
+def test_the_many_row_gate_is_bitwise_the_unfused_kernels(rows):
+    # 37 rows x 1000 columns: blocks on the pool, and a tail that is no multiple of 64
+    k, n = 64, 1000
+    x = np.random.default_rng(rows).standard_normal((1, rows, k), dtype=np.float32) * np.float32(4)
+    x[0, 0, :3] = [np.nan, np.inf, -np.inf]
+    fused = of.InferenceSession(of.load(_mlp(k, n).SerializeToString()), threads=2)
+    plain = of.InferenceSession(of.load(_mlp(k, n, gate_out=True).SerializeToString()), threads=2)
+    assert _fused_labels(fused) and not _fused_labels(plain)
+    (a,) = fused.run(None, {"x": x})
+    b = plain.run(None, {"x": x})[0]
+    assert np.array_equal(a, b, equal_nan=True)
 
 
 @pytest.mark.parametrize("kw", [{"gate_out": True}, {"up_out": True}])

@@ -174,3 +174,43 @@ def test_no_worker_spins_after_a_run_even_a_failed_one():
     c0 = time.process_time()
     time.sleep(0.3)
     assert time.process_time() - c0 < 0.1  # an idle process: no thread is burning a core
+
+
+@pytest.mark.parametrize("m", [2, 3, 4, 5, 8, 13, 32])
+@pytest.mark.parametrize("k,n", [(1, 1), (7, 15), (64, 16), (33, 17), (512, 300), (256, 4096 + 5)])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_few_row_products_match_float64(m, k, n, threads):
+    rng = np.random.default_rng(m * 131 + k * 7 + n)
+    x = rng.standard_normal((m, k), dtype=np.float32)
+    w = rng.standard_normal((k, n), dtype=np.float32)
+    y = np.full((m, n), np.nan, np.float32)
+    _gemv.gemm_few(x, w, y, threads)
+    ref = _ref(x, w)
+    np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-5 * np.sqrt(k))
+
+
+def test_few_row_products_refuse_more_rows_or_a_mismatched_weight():
+    with pytest.raises(KernelError, match="rows"):
+        _gemv.gemm_few(np.ones((_gemv.FEW_ROWS + 1, 4), np.float32), np.ones((4, 3), np.float32),
+                       np.empty((_gemv.FEW_ROWS + 1, 3), np.float32))
+    with pytest.raises(KernelError):
+        _gemv.gemm_few(np.ones((2, 4), np.float32), np.ones((5, 3), np.float32), np.empty((2, 3), np.float32))
+
+
+@pytest.mark.parametrize("rows", [2, 8, 16, 32, 33])
+def test_matmul_of_a_few_rows_matches_onnxruntime(rows):
+    import onnxruntime as ort
+
+    k, n = 96, 200
+    rng = np.random.default_rng(rows)
+    w = rng.standard_normal((k, n), dtype=np.float32)
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "mm",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, None, k])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(w, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    x = rng.standard_normal((1, rows, k), dtype=np.float32)
+    (got,) = of.InferenceSession(of.load(model.SerializeToString()), threads=2).run(None, {"x": x})
+    (want,) = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"x": x})
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)

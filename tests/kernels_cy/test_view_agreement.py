@@ -21,6 +21,7 @@ NOT_FRESH_EXCEPTIONS = {
     ("", "Scan"): "the sub-plans count their own allocations",
     ("ai.onnxforge", "CacheUpdate"): "writes its cache input in place (MUST_ALIAS port 0 -> 0)",
     ("ai.onnxforge", "PagedCacheUpdate"): "writes its cache input in place (MUST_ALIAS port 0 -> 0)",
+    ("ai.onnxforge", "RaggedPagedCacheUpdate"): "writes its cache batch in place (MUST_ALIAS port 0 -> 0)",
 }
 
 

@@ -147,3 +147,40 @@ def _paged_attention(op: NodeInference) -> None:
         op.check_dims(query.shape[1], heads, "query heads (dimension 1) and num_heads")
     if query is not None:
         op.set(0, query.elem_type, query.shape)
+
+
+def _int64_rank(op: NodeInference, i: int, rank: int, what: str) -> TensorType | None:
+    t = op.tensor(i)
+    if t is None:
+        return None
+    if t.elem_type and t.elem_type != TensorProto.INT64:
+        op.fail(f"{what} must be int64, got {type_name(t.elem_type)}")
+    if t.shape is not None and len(t.shape) != rank:
+        op.fail(f"{what} must have rank {rank}, got rank {len(t.shape)}")
+    return t if isinstance(t, TensorType) else None
+
+
+@register("RaggedPagedCacheUpdate", domain=ONNXFORGE)
+def _ragged_cache_update(op: NodeInference) -> None:
+    _paged_cache(op, 0)
+    key, value = _kv_tensor(op, 1, "key"), _kv_tensor(op, 2, "value")
+    if key is not None and value is not None:
+        if key.elem_type and value.elem_type and key.elem_type != value.elem_type:
+            op.fail(f"value is {type_name(value.elem_type)} but key is {type_name(key.elem_type)}")
+        if key.shape is not None and value.shape is not None:
+            for k, (a, b) in enumerate(zip(key.shape, value.shape)):
+                op.check_dims(a, b, f"dimension {k} of key and value")
+    _int64_rank(op, 3, 1, "sequence_starts")
+    pos = _int64_rank(op, 4, 2, "position_ids")
+    if pos is not None and pos.shape is not None:
+        op.check_dims(pos.shape[0], 1, "position_ids dimension 0")
+        if key is not None and key.shape is not None:
+            op.check_dims(pos.shape[1], key.shape[2], "position_ids rows and key rows")
+    op.alias(0, 0)
+    op.set_type(0, op.type(0))
+
+
+@register("RaggedPagedAttention", domain=ONNXFORGE)
+def _ragged_attention(op: NodeInference) -> None:
+    _paged_attention(op)
+    _int64_rank(op, 2, 1, "sequence_starts")
