@@ -16,7 +16,7 @@ import itertools
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -52,8 +52,11 @@ class _Metrics:
         for key, text in (("pool_bytes", "Bytes of the KV page pool"), ("used_bytes", "Bytes of pages in use"),
                           ("pages_shared", "Pages shared between sequences"),
                           ("running", "Sequences running"), ("waiting", "Requests waiting for admission")):
-            g = Gauge(f"onnxforge_{key}", text, registry=r)
-            g.set_function(lambda key=key: float(loop.engine.stats[key]))
+            Gauge(f"onnxforge_{key}", text, registry=r).set_function(self._stat(loop, key))
+
+    @staticmethod
+    def _stat(loop: EngineLoop, key: str) -> Callable[[], float]:
+        return lambda: float(loop.engine.stats[key])
 
 
 class _Server:

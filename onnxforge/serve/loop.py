@@ -20,7 +20,7 @@ from onnxforge.text.sampling import Sampling
 
 __all__ = ["EngineLoop", "QueueFullError", "Sink"]
 
-Sink = Callable[[tuple[str, Any]], None]
+Sink = Callable[[tuple[str, Any]], object]
 
 
 class QueueFullError(EngineError):
