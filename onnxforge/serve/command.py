@@ -9,6 +9,8 @@ for at most 30 s; a second Ctrl-C stops at once.
 from __future__ import annotations
 
 import argparse
+import asyncio
+import logging
 import socket
 import sys
 from pathlib import Path
@@ -41,6 +43,20 @@ def add_serve_parser(subparsers: Any, **parser_kwargs: Any) -> argparse.Argument
                    help="page formats from the newest page to older ones (default float32)")
     p.add_argument("--threads", type=int, default=None, metavar="N", help="backend threads")
     return p
+
+
+class _OneLine(logging.Filter):
+    """The server's errors as one line (the command line shows tracebacks only with
+    ``--traceback``); the cancellations of a forced stop (a second Ctrl-C) are not errors."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        e = record.exc_info[1] if record.exc_info else None
+        if isinstance(e, asyncio.CancelledError):
+            return False
+        if e is not None:
+            record.msg, record.args = f"{record.getMessage()}: {type(e).__name__}: {e}", ()
+            record.exc_info, record.exc_text = None, None
+        return True
 
 
 def _imports() -> Any:
@@ -80,6 +96,8 @@ def serve_command(args: argparse.Namespace) -> int:
         app = create_app(engine, tokenizer, model_name=name, max_inflight=5 * args.max_sequences)
         config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=DRAIN_SECONDS, lifespan="off")
         server = uvicorn.Server(config)
+        if not getattr(args, "traceback", False):
+            logging.getLogger("uvicorn.error").addFilter(_OneLine())
         host, port = sock.getsockname()[:2]
         shown = f"[{host}]" if ":" in host else host
         print(f"serving {name} on http://{shown}:{port}", flush=True)
