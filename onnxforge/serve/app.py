@@ -27,7 +27,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from onnxforge.engine.engine import Engine
-from onnxforge.engine.errors import EngineCapacityError
+from onnxforge.engine.errors import EngineCapacityError, EngineError
 from onnxforge.serve.loop import EngineLoop, QueueFullError
 from onnxforge.serve.openai_shapes import ApiError, Params, chunk, completion, parse_request, usage
 from onnxforge.text.errors import TextError
@@ -107,6 +107,8 @@ class _Generation:
             raise ApiError(429, f"{e}: retry later", type="rate_limit_error", code="rate_limit_exceeded") from None
         except EngineCapacityError as e:
             raise ApiError(400, str(e), code="context_length_exceeded") from None
+        except EngineError as e:  # e.g. an empty prompt, token ids outside the vocabulary
+            raise ApiError(400, str(e), param="messages" if p.chat else "prompt", code="invalid_value") from None
 
     async def pieces(self) -> AsyncIterator[str]:
         """The text as it becomes safe to show; sets ``finish``; cancels the request if left early."""

@@ -167,41 +167,74 @@ def test_bad_chat_requests_and_routes(base_url) -> None:
             model=NAME, messages=msgs, n=3)
 
 
-def test_disconnect_cancels_and_full_queue_is_429(genai_dir) -> None:
+@pytest.fixture(scope="module")
+def engine(genai_dir):
+    from onnxforge.engine import Engine
+
+    with Engine(str(genai_dir / "model.onnx"), max_sequences=1, max_length=1024) as e:
+        yield e
+
+
+def test_disconnect_cancels_and_full_queue_is_429(genai_dir, engine) -> None:
     from starlette.testclient import TestClient
 
-    from onnxforge.engine import Engine
     from onnxforge.serve.app import create_app
     from onnxforge.text import TextTokenizer
 
-    with Engine(str(genai_dir / "model.onnx"), max_sequences=1, max_length=1024) as engine:
-        app = create_app(engine, TextTokenizer(genai_dir), model_name=NAME, max_inflight=1)
-        try:
-            with TestClient(app) as tc:
-                body = {"model": NAME, "prompt": "Hello world", "max_tokens": 1000, "temperature": 0, "stream": True}
-                with tc.stream("POST", "/v1/completions", json=body) as r:
-                    assert r.status_code == 200
-                    lines = r.iter_lines()
-                    first = next(line for line in lines if line.startswith("data: "))
-                    assert json.loads(first[6:])["object"] == "text_completion"
-                    assert engine.stats["running"] == 1
-                    busy = tc.post("/v1/completions", json={"model": NAME, "prompt": "hi", "max_tokens": 2})
-                    assert busy.status_code == 429 and busy.json()["error"]["code"] == "rate_limit_exceeded"
-                deadline = time.monotonic() + 30
-                while engine.stats["running"] and time.monotonic() < deadline:
-                    time.sleep(0.01)
-                stats = engine.stats
-                assert (stats["running"], stats["waiting"], app.state.server.loop.inflight) == (0, 0, 0)
-                assert stats["steps"] < 1000  # it stopped early: cancelled, not finished
-                health = tc.get("/health").json()
-                assert health["status"] == "ok" and health["running"] == 0
-                metrics = tc.get("/metrics").text
-                assert 'onnxforge_requests_total{endpoint="/v1/completions",outcome="cancelled"} 1.0' in metrics
-                ok = tc.post("/v1/completions", json={"model": NAME, "prompt": "hi", "max_tokens": 2,
-                                                      "temperature": 0})
-                assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 2
-        finally:
-            app.state.server.loop.close()
+    app = create_app(engine, TextTokenizer(genai_dir), model_name=NAME, max_inflight=1)
+    try:
+        steps_before = engine.stats["steps"]
+        with TestClient(app) as tc:
+            body = {"model": NAME, "prompt": "Hello world", "max_tokens": 1000, "temperature": 0, "stream": True}
+            with tc.stream("POST", "/v1/completions", json=body) as r:
+                assert r.status_code == 200
+                lines = r.iter_lines()
+                first = next(line for line in lines if line.startswith("data: "))
+                assert json.loads(first[6:])["object"] == "text_completion"
+                assert engine.stats["running"] == 1
+                busy = tc.post("/v1/completions", json={"model": NAME, "prompt": "hi", "max_tokens": 2})
+                assert busy.status_code == 429 and busy.json()["error"]["code"] == "rate_limit_exceeded"
+            deadline = time.monotonic() + 30
+            while engine.stats["running"] and time.monotonic() < deadline:
+                time.sleep(0.01)
+            stats = engine.stats
+            assert (stats["running"], stats["waiting"], app.state.server.loop.inflight) == (0, 0, 0)
+            assert stats["steps"] - steps_before < 1000  # it stopped early: cancelled, not finished
+            health = tc.get("/health").json()
+            assert health["status"] == "ok" and health["running"] == 0
+            metrics = tc.get("/metrics").text
+            assert 'onnxforge_requests_total{endpoint="/v1/completions",outcome="cancelled"} 1.0' in metrics
+            ok = tc.post("/v1/completions", json={"model": NAME, "prompt": "hi", "max_tokens": 2,
+                                                  "temperature": 0})
+            assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 2
+    finally:
+        app.state.server.loop.close()
+
+
+def test_end_of_sequence_finishes_with_stop(genai_dir, engine) -> None:
+    from starlette.testclient import TestClient
+
+    from onnxforge.serve.app import create_app
+    from onnxforge.text import TextTokenizer
+
+    tok = TextTokenizer(genai_dir)
+    rid = engine.add(tok.encode("Hello world"), 16, eos_token_id=())
+    engine.run()
+    greedy = engine.result(rid)
+    k = next(i for i, t in enumerate(greedy) if i and t not in greedy[:i])
+    tok.eos_ids = frozenset({greedy[k]})  # a later greedy token of the model stands for its end of sequence
+    app = create_app(engine, tok, model_name=NAME)
+    try:
+        with TestClient(app) as tc:
+            r = tc.post("/v1/completions", json={"prompt": "Hello world", "max_tokens": 16, "temperature": 0}).json()
+            assert r["choices"][0]["finish_reason"] == "stop"
+            assert r["choices"][0]["text"] == tok.decode(greedy[:k])
+            assert r["usage"]["completion_tokens"] == k + 1
+            bad = tc.post("/v1/completions", json={"prompt": [10 ** 6], "max_tokens": 2})
+            assert bad.status_code == 400 and bad.json()["error"]["param"] == "prompt"
+            assert tc.post("/v1/completions", json=[1, 2]).status_code == 400
+    finally:
+        app.state.server.loop.close()
 
 
 def test_serve_errors_are_one_line(tmp_path, capsys) -> None:
