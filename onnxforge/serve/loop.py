@@ -61,12 +61,12 @@ class EngineLoop:
         return rid
 
     def cancel(self, rid: int) -> None:
-        """Stop request ``rid`` (its pages are freed at once); a finished one is left as it is."""
+        """Stop request ``rid`` (its pages are freed at once) and release it; a finished one is already released."""
         with self._mu:
             if self._sinks.pop(rid, None) is None:
                 return
             try:
-                self.engine.cancel(rid)
+                self.engine.release(rid)
             except UnknownRequestError:
                 pass
 
@@ -121,15 +121,16 @@ class EngineLoop:
                     continue
                 except EngineError as e:
                     self._sinks.pop(rid)(("error", e))
-                    continue
-                self._sinks.pop(rid)(("done", None))
+                else:
+                    self._sinks.pop(rid)(("done", None))
+                self.engine.release(rid)  # answered: the engine keeps no record of it
 
     def _fail_all(self, error: BaseException) -> None:
         with self._mu:
             for rid, sink in self._sinks.items():
                 sink(("error", error))
                 try:
-                    self.engine.cancel(rid)
+                    self.engine.release(rid)
                 except UnknownRequestError:
                     pass
             self._sinks.clear()
