@@ -12,7 +12,6 @@ cancelled, its pages freed.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import json
 import time
 import uuid
@@ -28,7 +27,7 @@ from starlette.routing import Route
 
 from onnxforge.engine.engine import Engine
 from onnxforge.engine.errors import EngineCapacityError, EngineError
-from onnxforge.serve.loop import EngineLoop, QueueFullError
+from onnxforge.serve.loop import EngineLoop, QueueFullError, ShuttingDownError
 from onnxforge.serve.openai_shapes import ApiError, Params, chunk, completion, parse_request, usage
 from onnxforge.text.errors import TextError
 from onnxforge.text.stream import TextStream
@@ -66,7 +65,6 @@ class _Server:
         self.metrics = _Metrics(self.loop)
         self.created = int(time.time())
         self.eos = tokenizer.eos_ids  # genai_config.json's, else the tokenizer's eos_token
-        self._ids = itertools.count()
 
     # -- requests -------------------------------------------------------------------
     def _prompt_ids(self, p: Params) -> list[int]:
@@ -96,19 +94,28 @@ class _Generation:
         self.prompt_tokens, self.completion_tokens = len(ids), 0
         self.id = f"{'chatcmpl' if p.chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         self.finish: str | None = None
+        self._closed = False
         self.stream = TextStream(server.tokenizer, p.stop)
         self.queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
-        loop = asyncio.get_running_loop()
+        self._loop = asyncio.get_running_loop()
         self.t0 = time.perf_counter()
         try:
-            self.rid = server.loop.submit(ids, max_new, lambda ev: loop.call_soon_threadsafe(self.queue.put_nowait, ev),
-                                          eos_token_id=server.eos, sampling=p.sampling)
+            self.rid = server.loop.submit(ids, max_new, self._put, eos_token_id=server.eos, sampling=p.sampling)
+        except ShuttingDownError as e:
+            raise ApiError(503, str(e), type="server_error", code="shutting_down") from None
         except QueueFullError as e:
             raise ApiError(429, f"{e}: retry later", type="rate_limit_error", code="rate_limit_exceeded") from None
         except EngineCapacityError as e:
             raise ApiError(400, str(e), code="context_length_exceeded") from None
         except EngineError as e:  # e.g. an empty prompt, token ids outside the vocabulary
             raise ApiError(400, str(e), param="messages" if p.chat else "prompt", code="invalid_value") from None
+
+    def _put(self, event: tuple[str, Any]) -> None:
+        """The sink the engine's thread calls: onto this request's queue, in the event loop's thread."""
+        try:
+            self._loop.call_soon_threadsafe(self.queue.put_nowait, event)
+        except RuntimeError:  # the event loop is closed: nobody waits for the event
+            pass
 
     async def pieces(self) -> AsyncIterator[str]:
         """The text as it becomes safe to show; sets ``finish``; cancels the request if left early."""
@@ -141,8 +148,15 @@ class _Generation:
                     raise ApiError(500, f"generation failed: {value}", code="generation_failed")
             outcome = self.finish
         finally:
-            self.server.loop.cancel(self.rid)  # no-op once finished; frees the pages otherwise
-            self.server.metrics.requests.labels(self.endpoint, outcome or "cancelled").inc()
+            self.close(outcome or "cancelled")
+
+    def close(self, outcome: str) -> None:
+        """End the request (its pages are freed if it still runs) and count its outcome, once."""
+        if self._closed:
+            return
+        self._closed = True
+        self.server.loop.cancel(self.rid)
+        self.server.metrics.requests.labels(self.endpoint, outcome).inc()
 
     def usage(self) -> dict[str, int]:
         return usage(self.prompt_tokens, self.completion_tokens)
@@ -181,6 +195,21 @@ async def _events(g: _Generation, name: str, chat: bool) -> AsyncIterator[str]:
     yield "data: [DONE]\n\n"
 
 
+class _Stream(StreamingResponse):
+    """A streamed generation whose engine request is cancelled however the response ends,
+    even when the client leaves before the body starts."""
+
+    def __init__(self, g: _Generation, name: str, chat: bool) -> None:
+        super().__init__(_events(g, name, chat), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        self._generation = g
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._generation.close("cancelled")  # a no-op when the stream ended
+
+
 def create_app(engine: Engine, tokenizer: TextTokenizer, *, model_name: str,
                max_inflight: int | None = None) -> Starlette:
     """The server's app on ``engine`` (it starts the engine's thread); ``max_inflight``:
@@ -198,8 +227,7 @@ def create_app(engine: Engine, tokenizer: TextTokenizer, *, model_name: str,
                 server.metrics.requests.labels(path, f"http_{e.status}").inc()
                 return _error(e)
             if p.stream:
-                return StreamingResponse(_events(g, model_name, chat), media_type="text/event-stream",
-                                         headers={"Cache-Control": "no-cache"})
+                return _Stream(g, model_name, chat)
             try:
                 text = "".join([piece async for piece in g.pieces()])
             except ApiError as e:

@@ -18,13 +18,17 @@ from onnxforge.engine.engine import Engine
 from onnxforge.engine.errors import EngineError, RequestPendingError, UnknownRequestError
 from onnxforge.text.sampling import Sampling
 
-__all__ = ["EngineLoop", "QueueFullError", "Sink"]
+__all__ = ["EngineLoop", "QueueFullError", "ShuttingDownError", "Sink"]
 
 Sink = Callable[[tuple[str, Any]], object]
 
 
 class QueueFullError(EngineError):
     """More requests are in flight than the server accepts (HTTP 429)."""
+
+
+class ShuttingDownError(EngineError):
+    """The loop is closed: no new request is taken (HTTP 503)."""
 
 
 class EngineLoop:
@@ -52,7 +56,7 @@ class EngineLoop:
         :class:`QueueFullError`, or the engine's errors (e.g. ``EngineCapacityError``)."""
         with self._mu:
             if self._closed:
-                raise EngineError("the server is shutting down")
+                raise ShuttingDownError("the server is shutting down")
             if len(self._sinks) >= self.max_inflight:
                 raise QueueFullError(f"{len(self._sinks)} requests are in flight, the most this server accepts")
             rid = self.engine.add(prompt_ids, max_new_tokens, eos_token_id=eos_token_id, sampling=sampling)

@@ -234,6 +234,9 @@ def test_end_of_sequence_finishes_with_stop(genai_dir, engine) -> None:
             bad = tc.post("/v1/completions", json={"prompt": [10 ** 6], "max_tokens": 2})
             assert bad.status_code == 400 and bad.json()["error"]["param"] == "prompt"
             assert tc.post("/v1/completions", json=[1, 2]).status_code == 400
+            app.state.server.loop.close()
+            closed = tc.post("/v1/completions", json={"prompt": "Hello", "max_tokens": 2})
+            assert closed.status_code == 503 and closed.json()["error"]["code"] == "shutting_down"
     finally:
         app.state.server.loop.close()
 
