@@ -26,6 +26,11 @@
                                                   text (with the model folder's tokenizer) or
                                                   tokens, per-token latency, cache bytes,
                                                   allocations, copies, cache addresses
+    onnxforge serve MODEL [--host H] [--port P] [--model-name NAME] [--max-sequences N]
+                      [--page-size P] [--formats F,...] [--threads N]
+                                                  an OpenAI-compatible HTTP server on the engine
+                                                  (/v1/completions, /v1/chat/completions,
+                                                  /v1/models, /health, /metrics)
     onnxforge demo [-o DIR]                       the built-in stateful decoder through the toolchain
 
 MODEL may be ``builtin:decoder`` to use the decoder the package builds itself (or
@@ -420,6 +425,12 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     return generate_command(args, label=label)
 
 
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from onnxforge.serve.command import serve_command
+
+    return serve_command(args)
+
+
 def _bind_pairs(specs: list[str] | None) -> dict[str, str] | None:
     """``--bind IN=OUT`` options as ``{input: output}`` (None when none were given)."""
     if not specs:
@@ -496,6 +507,7 @@ _EXAMPLES = {
     "run": "onnxforge run builtin:decoder --threads 2 --json",
     "stateful": "onnxforge stateful builtin:rnn -o rnn.stateful.onnx --max-length 1 --bind state=stateN",
     "generate": "onnxforge generate builtin:decoder --prompt-ids 5,17,42 --new 8",
+    "serve": "onnxforge serve qwen3-genai/ --port 8000 --max-sequences 8",
     "demo": "onnxforge demo -o onnxforge-demo",
 }
 
@@ -609,6 +621,13 @@ def build_parser() -> argparse.ArgumentParser:
                               formatter_class=argparse.RawDescriptionHelpFormatter,
                               epilog=f"example:\n  {_EXAMPLES['generate']}")
     gen.set_defaults(func=_cmd_generate)
+
+    from onnxforge.serve.command import SUMMARY as SERVE_SUMMARY, add_serve_parser
+
+    srv = add_serve_parser(sub, help=SERVE_SUMMARY, description=SERVE_SUMMARY, parents=[common],
+                           formatter_class=argparse.RawDescriptionHelpFormatter,
+                           epilog=f"example:\n  {_EXAMPLES['serve']}")
+    srv.set_defaults(func=_cmd_serve)
 
     demo = command("demo", "build the built-in stateful decoder and run the toolchain")
     demo.add_argument("-o", "--output", default="onnxforge-demo", help="output folder")

@@ -494,7 +494,8 @@ def _examples() -> dict[str, str]:
 
 def test_every_command_has_a_help_example():
     assert set(_examples()) == {"inspect", "verify", "optimize", "export", "run", "stateful", "generate",
-                                "demo"}
+                                "serve", "demo"}
+    assert _examples()["serve"].startswith("onnxforge serve ")  # it serves until stopped: tests/serve runs it
 
 
 @pytest.mark.parametrize("command", ["inspect", "verify", "optimize", "export", "run", "stateful",

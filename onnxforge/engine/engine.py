@@ -19,7 +19,7 @@ nobody holds are dropped first, then the most recently admitted sequence is pree
 recomputes its prefix). A batched run that fails commits nothing and is re-run once per
 sequence: the sequences that fail alone end with their error, the others go on.
 
-``add``, ``cancel``, ``fork``, ``result`` and ``stats`` may be called from other threads
+``add``, ``cancel``, ``release``, ``fork``, ``result`` and ``stats`` may be called from other threads
 while one thread steps; they wait for the step in progress. Two threads stepping one
 engine get :class:`EngineBusyError`.
 """
@@ -258,6 +258,14 @@ class Engine:
                 self._running.remove(r)
             self._free(r)
             r.status, r.error = _CANCELLED, RequestCancelledError(f"request {rid} was cancelled")
+
+    def release(self, rid: int) -> None:
+        """Forget request ``rid``, cancelling it first if it has not finished: its tokens and
+        times go, and ``result`` then raises :class:`UnknownRequestError`. A long-running
+        server releases every request it has answered, so the engine's records stay bounded."""
+        with self._lock:
+            self.cancel(rid)
+            del self._requests[rid]
 
     def result(self, rid: int) -> list[int]:
         """The generated tokens of a finished request; raises its error if it failed."""

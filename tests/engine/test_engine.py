@@ -257,6 +257,24 @@ def test_add_cancel_and_stats_from_other_threads_while_one_thread_runs(decoder_m
             assert_same_tokens(eng.result(rid), want, gaps)
 
 
+def test_release_forgets_finished_and_running_requests(decoder_models):
+    with Engine(decoder_models["torch23"], max_length=MAX_LENGTH) as eng:
+        done, running = eng.add([1, 2, 3], 2, eos_token_id=()), eng.add([4, 5, 6, 7], 30, eos_token_id=())
+        eng.step()
+        eng.step()
+        assert len(eng.result(done)) == 2
+        eng.release(done)
+        eng.release(running)  # still running: cancelled, its pages freed, then forgotten
+        for rid in (done, running):
+            with pytest.raises(UnknownRequestError):
+                eng.result(rid)
+        stats = eng.stats
+        assert (stats["running"], stats["waiting"], stats["ttft_ms"]) == (0, 0, {})
+        assert eng._pool.seq_bytes == {}
+        with pytest.raises(UnknownRequestError):
+            eng.release(done)
+
+
 def test_two_threads_stepping_one_engine_get_a_typed_error(decoder_models):
     with Engine(decoder_models["torch23"], max_length=MAX_LENGTH) as eng:
         eng.add([1, 2, 3], 2)
