@@ -33,6 +33,22 @@ UNARY_ATTRS: dict[str, Any] = {
     "LeakyRelu": (FLOATS, lambda d: {"alpha": d.pick([0.01, 0.2, -1.5])} if d.chance(0.7) else {}),
     "IsInf": (FLOATS, lambda d: {"detect_negative": d.int(0, 1), "detect_positive": d.int(0, 1)}),
     "Gelu": (FLOATS, lambda d: {"approximate": d.pick(["none", "tanh"])} if d.chance(0.7) else {}),
+    "Elu": (FLOATS, lambda d: {"alpha": d.pick([0.5, 1.0, 2.0])} if d.chance(0.7) else {}),
+    "Selu": (FLOATS, lambda d: {"alpha": d.pick([1.5, 1.67326]), "gamma": d.pick([1.0, 1.0507])}
+             if d.chance(0.7) else {}),
+    "Celu": ((np.dtype(np.float32),), lambda d: {"alpha": d.pick([0.5, 1.0, 2.0])} if d.chance(0.7) else {}),
+    "ThresholdedRelu": (FLOATS, lambda d: {"alpha": d.pick([0.0, 1.0, -0.5])} if d.chance(0.7) else {}),
+    # float32 only (float64: the float32 default alpha 0.2 against 0.2 exact shows through the
+    # cancellation in alpha * x + beta near x = -2.5; onnx.reference refuses float64 Softsign scalars)
+    "HardSigmoid": ((np.dtype(np.float32),), lambda d: {"alpha": d.pick([0.2, 0.5]), "beta": d.pick([0.5, 0.1])}
+                    if d.chance(0.7) else {}),
+    # float32 only: onnx.reference's float64 HardSwish takes alpha = 1/6 rounded to float32, and near
+    # x = -3 the cancellation in alpha * x + 1/2 makes that a 1e-6 relative difference from 1/6 exact
+    "HardSwish": ((np.dtype(np.float32),), lambda d: {}),
+    "Mish": (FLOATS, lambda d: {}),
+    "Softsign": ((np.dtype(np.float32),), lambda d: {}),
+    "Shrink": (FLOATS, lambda d: {"bias": d.pick([0.0, 0.5]), "lambd": d.pick([0.5, 1.0])}
+               if d.chance(0.7) else {}),
 }
 
 # op -> (element types, value keyword arguments for the second operand)

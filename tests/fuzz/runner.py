@@ -36,10 +36,10 @@ class OracleCannotRun(Exception):
 
 def op_table() -> dict[tuple[str, str], Any]:
     """(domain, op) -> generator for every operator of ``onnxforge.backend_ops()``."""
-    from tests.fuzz import gen_conv, gen_elementwise, gen_nn, gen_pool, gen_resize, gen_shape, gen_special
+    from tests.fuzz import gen_conv, gen_elementwise, gen_misc, gen_nn, gen_pool, gen_resize, gen_shape, gen_special
 
     table: dict[tuple[str, str], Any] = {}
-    for mod in (gen_elementwise, gen_shape, gen_nn, gen_conv, gen_pool, gen_resize, gen_special):
+    for mod in (gen_elementwise, gen_shape, gen_nn, gen_conv, gen_pool, gen_resize, gen_misc, gen_special):
         table.update(mod.GENERATORS)
     return table
 
