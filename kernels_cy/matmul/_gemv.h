@@ -76,9 +76,8 @@ static inline OF_GEMV_SIG(of_gemv_rows) {
 
 
 /* Few-row products Y[m, j0:j1] = X[m, :K] @ W[:K, j0:j1] for m < M (M small: the rows of a
- * batched decode step). W is streamed once per block of four rows instead of once per
- * row: a strip of 16 columns runs down all K rows with 4 x 16 accumulators in registers;
- * the strip's cache lines (K x 64 bytes) stay in cache for the next block of rows. */
+ * batched decode step): W is streamed once for all M rows, as the one-row product streams it. */
+#define OF_FEW_KC 256  /* X columns per chunk: 32 rows x 256 floats = 32 KB at most */
 #define OF_GEMM_FEW_SIG(name) void name(const float* X, ptrdiff_t ldx, ptrdiff_t M, const float* W, \
                                         ptrdiff_t ldw, float* Y, ptrdiff_t ldy, ptrdiff_t K, \
                                         ptrdiff_t j0, ptrdiff_t j1)
@@ -98,61 +97,58 @@ static OF_GEMM_FEW_SIG(of_gemm_few_base) {
 }
 
 #if OF_HAVE_AVX2_CLONE
+/* Four weight rows at a time, streamed along the columns (four sequential streams, as the
+ * one-row product reads them); each 16-column piece of the four rows, held in registers, is
+ * applied to every row of X in turn, whose output piece stays in L1 (a task's columns times
+ * M rows). The rows of one piece are independent, so the core overlaps them. */
 static OF_TARGET_AVX2 OF_GEMM_FEW_SIG(of_gemm_few_avx2) {
-    ptrdiff_t m0, k, j, mi;
-    for (j = j0; j + 16 <= j1; j += 16) {
-        for (m0 = 0; m0 < M; m0 += 4) {
-            const ptrdiff_t mb = M - m0 < 4 ? M - m0 : 4;
-            const float* x0 = X + m0 * ldx;
-            if (mb == 4) {
-                const float *x1 = x0 + ldx, *x2 = x1 + ldx, *x3 = x2 + ldx;
-                __m256 c00 = _mm256_setzero_ps(), c01 = _mm256_setzero_ps();
-                __m256 c10 = _mm256_setzero_ps(), c11 = _mm256_setzero_ps();
-                __m256 c20 = _mm256_setzero_ps(), c21 = _mm256_setzero_ps();
-                __m256 c30 = _mm256_setzero_ps(), c31 = _mm256_setzero_ps();
-                for (k = 0; k < K; ++k) {
-                    const float* w = W + k * ldw + j;
-                    const __m256 w0 = _mm256_loadu_ps(w), w1 = _mm256_loadu_ps(w + 8);
-                    __m256 a = _mm256_set1_ps(x0[k]);
-                    c00 = _mm256_fmadd_ps(a, w0, c00);
-                    c01 = _mm256_fmadd_ps(a, w1, c01);
-                    a = _mm256_set1_ps(x1[k]);
-                    c10 = _mm256_fmadd_ps(a, w0, c10);
-                    c11 = _mm256_fmadd_ps(a, w1, c11);
-                    a = _mm256_set1_ps(x2[k]);
-                    c20 = _mm256_fmadd_ps(a, w0, c20);
-                    c21 = _mm256_fmadd_ps(a, w1, c21);
-                    a = _mm256_set1_ps(x3[k]);
-                    c30 = _mm256_fmadd_ps(a, w0, c30);
-                    c31 = _mm256_fmadd_ps(a, w1, c31);
+    ptrdiff_t m, k, j, kc, ke;
+    for (m = 0; m < M; ++m)
+        for (j = j0; j < j1; ++j) Y[m * ldy + j] = 0.0f;
+    for (kc = 0; kc < K; kc = ke) {  /* chunks of X's columns small enough to stay in L1 */
+        ke = kc + OF_FEW_KC < K ? kc + OF_FEW_KC : K;
+        for (k = kc; k + 4 <= ke; k += 4) {
+            const float *w0 = W + k * ldw, *w1 = w0 + ldw, *w2 = w1 + ldw, *w3 = w2 + ldw;
+            for (j = j0; j + 16 <= j1; j += 16) {
+                const __m256 a0 = _mm256_loadu_ps(w0 + j), a1 = _mm256_loadu_ps(w0 + j + 8);
+                const __m256 b0 = _mm256_loadu_ps(w1 + j), b1 = _mm256_loadu_ps(w1 + j + 8);
+                const __m256 c0 = _mm256_loadu_ps(w2 + j), c1 = _mm256_loadu_ps(w2 + j + 8);
+                const __m256 d0 = _mm256_loadu_ps(w3 + j), d1 = _mm256_loadu_ps(w3 + j + 8);
+                for (m = 0; m < M; ++m) {
+                    const float* x = X + m * ldx + k;
+                    float* y = Y + m * ldy + j;
+                    __m256 y0 = _mm256_loadu_ps(y), y1 = _mm256_loadu_ps(y + 8);
+                    __m256 s = _mm256_broadcast_ss(x);
+                    y0 = _mm256_fmadd_ps(s, a0, y0);
+                    y1 = _mm256_fmadd_ps(s, a1, y1);
+                    s = _mm256_broadcast_ss(x + 1);
+                    y0 = _mm256_fmadd_ps(s, b0, y0);
+                    y1 = _mm256_fmadd_ps(s, b1, y1);
+                    s = _mm256_broadcast_ss(x + 2);
+                    y0 = _mm256_fmadd_ps(s, c0, y0);
+                    y1 = _mm256_fmadd_ps(s, c1, y1);
+                    s = _mm256_broadcast_ss(x + 3);
+                    y0 = _mm256_fmadd_ps(s, d0, y0);
+                    y1 = _mm256_fmadd_ps(s, d1, y1);
+                    _mm256_storeu_ps(y, y0);
+                    _mm256_storeu_ps(y + 8, y1);
                 }
-                float* y = Y + m0 * ldy + j;
-                _mm256_storeu_ps(y, c00);
-                _mm256_storeu_ps(y + 8, c01);
-                _mm256_storeu_ps(y + ldy, c10);
-                _mm256_storeu_ps(y + ldy + 8, c11);
-                _mm256_storeu_ps(y + 2 * ldy, c20);
-                _mm256_storeu_ps(y + 2 * ldy + 8, c21);
-                _mm256_storeu_ps(y + 3 * ldy, c30);
-                _mm256_storeu_ps(y + 3 * ldy + 8, c31);
-            } else {
-                for (mi = 0; mi < mb; ++mi) {
-                    const float* x = x0 + mi * ldx;
-                    __m256 c0 = _mm256_setzero_ps(), c1 = _mm256_setzero_ps();
-                    for (k = 0; k < K; ++k) {
-                        const float* w = W + k * ldw + j;
-                        const __m256 a = _mm256_set1_ps(x[k]);
-                        c0 = _mm256_fmadd_ps(a, _mm256_loadu_ps(w), c0);
-                        c1 = _mm256_fmadd_ps(a, _mm256_loadu_ps(w + 8), c1);
-                    }
-                    float* y = Y + (m0 + mi) * ldy + j;
-                    _mm256_storeu_ps(y, c0);
-                    _mm256_storeu_ps(y + 8, c1);
+            }
+            for (; j < j1; ++j)
+                for (m = 0; m < M; ++m) {
+                    const float* x = X + m * ldx + k;
+                    Y[m * ldy + j] += (x[0] * w0[j] + x[1] * w1[j]) + (x[2] * w2[j] + x[3] * w3[j]);
                 }
+        }
+        for (; k < ke; ++k) {
+            const float* w = W + k * ldw;
+            for (m = 0; m < M; ++m) {
+                const float a = X[m * ldx + k];
+                float* y = Y + m * ldy;
+                for (j = j0; j < j1; ++j) y[j] += a * w[j];
             }
         }
     }
-    if (j < j1) of_gemm_few_base(X, ldx, M, W, ldw, Y, ldy, K, j, j1);
 }
 #endif
 

@@ -189,8 +189,8 @@ cdef void _few_task(void* ctx, long t) noexcept nogil:
 
 cdef int _few_core(const float* x, Py_ssize_t M, const float* w, Py_ssize_t ldw, float* y, Py_ssize_t K,
                    Py_ssize_t N, int threads) except -1:
-    """``y[m] = x[m] @ w`` for ``M`` rows (x [M, K] and y [M, N] contiguous): column strips on
-    the pool, the weight streamed once per four rows."""
+    """``y[m] = x[m] @ w`` for ``M`` rows (x [M, K] and y [M, N] contiguous): column ranges on
+    the pool, the weight streamed once for all the rows."""
     if N == 0 or M == 0:
         return 0
     cdef _FewJob job
@@ -203,8 +203,8 @@ cdef int _few_core(const float* x, Py_ssize_t M, const float* w, Py_ssize_t ldw,
     job.ldw = ldw
     cdef int t = threads if K * N * 4 >= PAR_BYTES else 1
     cdef Py_ssize_t tasks = (N + FEW_CB - 1) // FEW_CB
-    if t > 1 and tasks < 4 * t:  # narrower strips, still whole 16-column vectors
-        job.cols = ((N + 4 * t - 1) // (4 * t) + 15) // 16 * 16
+    if t > 1 and tasks < t:  # one strip per thread, still whole 16-column vectors
+        job.cols = ((N + t - 1) // t + 15) // 16 * 16
     else:
         job.cols = FEW_CB
     tasks = (N + job.cols - 1) // job.cols
@@ -275,7 +275,7 @@ cdef class OneRowMatMul:
                         _gemv_core(<const float*>cnp.PyArray_DATA(aa), <const float*>cnp.PyArray_DATA(ba),
                                    ba.strides[0] // 4 if K > 1 else N, <float*>cnp.PyArray_DATA(out), K, N,
                                    self.threads)
-                    else:  # a few rows: the weight streamed once per four of them
+                    else:  # a few rows: the weight streamed once for all of them
                         _few_core(<const float*>cnp.PyArray_DATA(aa), cnp.PyArray_SIZE(aa) // K,
                                   <const float*>cnp.PyArray_DATA(ba), ba.strides[0] // 4 if K > 1 else N,
                                   <float*>cnp.PyArray_DATA(out), K, N, self.threads)
