@@ -31,11 +31,13 @@ sizes, which are checked here before any byte is written):
 from libc.math cimport INFINITY
 from libc.string cimport memcpy, memset
 
+import numpy as np
+
 include "_common.pxi"
 
 include "_pool_client.pxi"
 
-__all__ = ["FORMAT_NAMES", "MAXG", "attention", "decode_page", "encode_rows", "init_page",
+__all__ = ["FORMAT_NAMES", "MAXG", "attention", "attention_many", "decode_page", "encode_rows", "init_page",
            "page_bytes", "workspace_floats"]
 
 cdef extern from "_paged_simd.h" nogil:
@@ -563,3 +565,110 @@ def attention(const float[:, :, ::1] q, const int64_t[::1] addr, const int32_t[:
     pj.nparts = num_threads if num_threads < pj.items else pj.items
     with nogil:
         of_pool_parallel_for(pj.nparts, _items_task, &pj, <int>pj.nparts)
+
+
+# -- one query token for each of many sequences (a batched decode step) -------------------
+
+ctypedef struct _ManyJob:
+    const float* q         # [Hq, T, D]
+    Py_ssize_t T
+    const int64_t* rows    # the query row of each sequence
+    const int64_t* addrs   # the address of each sequence's page-address array
+    const int64_t* fmtps   # the address of each sequence's format array
+    const int64_t* totals  # keys of each sequence
+    Py_ssize_t G
+    Py_ssize_t H
+    Py_ssize_t P
+    Py_ssize_t D
+    float scale
+    float* ws
+    Py_ssize_t wstride
+    float* out
+    Py_ssize_t nchunk
+    Py_ssize_t items       # sequences * H * nchunk
+    Py_ssize_t nparts
+
+
+cdef void _many_task(void* ctx, long part) noexcept nogil:
+    """Items ``part, part + nparts, ...``: (sequence, KV head, chunk of heads), each one query
+    token over that sequence's pages."""
+    cdef _ManyJob* j = <_ManyJob*>ctx
+    cdef Py_ssize_t item = part, i, rest, h, ch, h0, nh, row, TD = j.T * j.D
+    while item < j.items:
+        i = item // (j.H * j.nchunk)
+        rest = item % (j.H * j.nchunk)
+        h = rest // j.nchunk
+        ch = rest % j.nchunk
+        h0 = h * j.G + ch * MAXG_
+        nh = j.G - ch * MAXG_ if j.G - ch * MAXG_ < MAXG_ else MAXG_
+        row = j.rows[i]
+        _attend(j.q + h0 * TD + row * j.D, TD, nh, <const int64_t*><size_t>j.addrs[i],
+                <const int32_t*><size_t>j.fmtps[i], h, j.totals[i], j.H, j.P, j.D, j.scale,
+                j.ws + part * j.wstride, j.out + h0 * TD + row * j.D, TD)
+        item = item + j.nparts
+
+
+def attention_many(const float[:, :, ::1] q, const int64_t[::1] rows, list addr_arrays, list fmt_arrays,
+                   const int64_t[::1] totals, Py_ssize_t H, Py_ssize_t P, Py_ssize_t D, float scale,
+                   float[:, :, ::1] out, float[:, ::1] ws, int num_threads=1) -> None:
+    """One query token per sequence: row ``rows[i]`` of ``q`` float32 [Hq, T, D] attends over keys
+    [0, totals[i]) of sequence i's pages (``addr_arrays[i]`` int64 / ``fmt_arrays[i]`` int32, as
+    :func:`attention` takes them), writing that row of ``out``; all sequences in one parallel
+    loop over (sequence, KV head) items. Rows not named are left as they are."""
+    cdef str k = "paged_attention_many"
+    cdef Py_ssize_t Hq = q.shape[0], T = q.shape[1], n = rows.shape[0], i, pg, npg
+    if q.shape[2] != D or out.shape[0] != Hq or out.shape[1] != T or out.shape[2] != D:
+        raise KernelError(f"{k}: query {tuple(q.shape)[:3]} / out {tuple(out.shape)[:3]}, expected "
+                          f"[Hq, T, {D}] each")
+    if H <= 0 or Hq % H:
+        raise KernelError(f"{k}: {Hq} query heads are not a multiple of {H} kv heads")
+    if P <= 0 or D <= 0 or D % 32 or P % 4:
+        raise KernelError(f"{k}: page shape P={P}, D={D} needs D % 32 == 0 and P % 4 == 0")
+    if len(addr_arrays) != n or len(fmt_arrays) != n or totals.shape[0] != n:
+        raise KernelError(f"{k}: {n} rows need {n} page tables and totals")
+    if num_threads < 1:
+        num_threads = 1
+    if ws.shape[0] < num_threads or ws.shape[1] < workspace_floats(P, D, Hq):
+        raise KernelError(f"{k}: workspace {tuple(ws.shape)[:2]} is smaller than "
+                          f"[{num_threads}, {workspace_floats(P, D, Hq)}]")
+    cdef int64_t[::1] addrs = np.empty(n, dtype=np.int64)
+    cdef int64_t[::1] fmtps = np.empty(n, dtype=np.int64)
+    cdef const int64_t[::1] a
+    cdef const int32_t[::1] f
+    for i in range(n):
+        a = addr_arrays[i]
+        f = fmt_arrays[i]
+        if rows[i] < 0 or rows[i] >= T:
+            raise KernelError(f"{k}: row {rows[i]} of sequence {i} is outside [0, {T})")
+        if totals[i] < 1:
+            raise CacheRangeError(f"{k}: sequence {i}: one query token but {totals[i]} valid keys")
+        npg = (totals[i] + P - 1) // P
+        if a.shape[0] < npg or f.shape[0] < npg:
+            raise KernelError(f"{k}: sequence {i}: {totals[i]} keys need {npg} pages, got {a.shape[0]}")
+        for pg in range(npg):
+            if a[pg] == 0 or f[pg] < 0 or f[pg] > CB:
+                raise KernelError(f"{k}: sequence {i}: page {pg} is missing or has an unknown format")
+        addrs[i] = <int64_t><size_t>&a[0]
+        fmtps[i] = <int64_t><size_t>&f[0]
+    if n == 0 or Hq == 0:
+        return
+    cdef _ManyJob mj
+    mj.q = &q[0, 0, 0]
+    mj.T = T
+    mj.rows = &rows[0]
+    mj.addrs = &addrs[0]
+    mj.fmtps = &fmtps[0]
+    mj.totals = &totals[0]
+    mj.G = Hq // H
+    mj.H = H
+    mj.P = P
+    mj.D = D
+    mj.scale = scale
+    mj.ws = &ws[0, 0]
+    mj.wstride = ws.shape[1]
+    mj.out = &out[0, 0, 0]
+    mj.nchunk = (mj.G + MAXG_ - 1) // MAXG_
+    mj.items = n * H * mj.nchunk
+    mj.nparts = num_threads if num_threads < mj.items else mj.items
+    with nogil:
+        of_pool_parallel_for(mj.nparts, _many_task, &mj, <int>mj.nparts)

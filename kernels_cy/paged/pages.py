@@ -181,6 +181,8 @@ class PagedKVCache:
         self._staging = self._new_page(self.formats[0])
         self._stage: PageStage | None = None  # the step in flight, if any
         self._shared: set[int] = set()  # ids of payloads other caches may hold too (never written)
+        self._held_bytes = 0  # payload bytes held, and of those the shared ones (kept by _store)
+        self._shared_held = 0
         self.allocated_bytes = 0
         self.copied_bytes = 0
         self.last = PageCounters()
@@ -202,7 +204,7 @@ class PagedKVCache:
     @property
     def nbytes(self) -> int:
         """Bytes of the page payloads actually held."""
-        return sum(e[1].nbytes for e in self._pages if e is not None)
+        return self._held_bytes
 
     def held_pages(self, shared: bool | None = None) -> int:
         """Pages held (``shared=True``: only those other caches may hold too; False: only the
@@ -215,7 +217,7 @@ class PagedKVCache:
     @property
     def shared_bytes(self) -> int:
         """Bytes of the held payloads other caches may hold too (adopted or shared pages)."""
-        return sum(e[1].nbytes for e in self._pages if e is not None and id(e[1]) in self._shared)
+        return self._shared_held
 
     @property
     def workspace_bytes(self) -> int:
@@ -280,8 +282,12 @@ class PagedKVCache:
 
     def _store(self, i: int, fmt: str, payload: np.ndarray) -> None:
         old = self._pages[i]
-        if old is not None and old[1] is not payload:
-            self._shared.discard(id(old[1]))
+        if old is not None:
+            self._held_bytes -= old[1].nbytes
+            if old[1] is not payload and id(old[1]) in self._shared:
+                self._shared.discard(id(old[1]))
+                self._shared_held -= old[1].nbytes
+        self._held_bytes += payload.nbytes
         self._pages[i] = (fmt, payload)
         self._addr[i] = payload.ctypes.data
         self._fmt[i] = _CODE[fmt]
@@ -403,7 +409,6 @@ class PagedKVCache:
             if i == stage.staging and id(old[1]) not in self._shared:
                 self._staging = old[1]  # the replaced payload is the next staging page
             elif i == stage.staging:  # a shared payload is never written: a staging page of its own
-                self._shared.discard(id(old[1]))
                 self._staging = self._new_page(self.formats[0])
                 alloc += self._staging.nbytes
             elif old is not None:
@@ -497,7 +502,9 @@ class PagedKVCache:
         e = self._pages[i]
         if e is None:
             raise PageIdError(f"page {i} is missing; there is nothing to share")
-        self._shared.add(id(e[1]))
+        if id(e[1]) not in self._shared:
+            self._shared.add(id(e[1]))
+            self._shared_held += e[1].nbytes
         return e
 
     def adopt_page(self, page_id: int, fmt: str, payload: np.ndarray) -> None:
@@ -511,7 +518,9 @@ class PagedKVCache:
             raise PageFormatError(f"page {i}: an adopted payload is a C-contiguous uint8 array of the "
                                   f"{fmt} page's {self._nbytes(fmt)} bytes")
         self._store(i, fmt, payload)
-        self._shared.add(id(payload))
+        if id(payload) not in self._shared:
+            self._shared.add(id(payload))
+            self._shared_held += payload.nbytes
 
     def is_shared(self, page_id: int) -> bool:
         """True when page ``page_id``'s payload may be held by another cache too."""

@@ -19,10 +19,13 @@ product over all the rows of the step.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 
+import onnxforge.kernels_cy.paged._paged as _paged
 from onnxforge.kernels_cy.ops.base import Kernel, NodeSpec, register
 from onnxforge.kernels_cy.paged.pages import PagedKVCache
 
@@ -168,6 +171,7 @@ class RaggedPagedAttention(Kernel):
             raise self.error(f"query has {hq} heads, num_heads is {self.num_heads}")
         s = _starts(self, sequence_starts, len(b.caches), rows)
         out = np.empty(query.shape, dtype=F32)
+        one: list[tuple[int, PagedKVCache, Any]] = []  # sequences with one row: one compiled call
         for k, c in enumerate(b.caches):
             lo, hi = s[k], s[k + 1]
             if hi == lo:
@@ -176,7 +180,31 @@ class RaggedPagedAttention(Kernel):
                 raise self.error(f"sequence {k}'s cache has {c.kv_heads} kv heads, kv_num_heads is "
                                  f"{self.kv_heads}")
             stage = ctx.staged.get(id(c))
+            if hi - lo == 1:
+                one.append((lo, c, stage))
+                continue
             n = c.length if stage is None else stage.length
             nt = self.threads_for(n * hq * (hi - lo) * query.shape[3] * 2)
             out[:, :, lo:hi] = c.attend(query[:, :, lo:hi], None, self.scale, nt, stage=stage)
+        if one:
+            self._one_token_each(query, out, one)
         return out
+
+    def _one_token_each(self, query: np.ndarray, out: np.ndarray, one: list) -> None:
+        """The one-row sequences in one compiled call (all their (sequence, KV head) items on the
+        pool): the tokens each attends over are its published ones plus the row staged in this run."""
+        c0 = one[0][1]
+        rows = np.array([r for r, _, _ in one], dtype=np.int64)
+        addrs = [c._addr if st is None else st.addr for _, c, st in one]
+        fmts = [c._fmt if st is None else st.fmt for _, c, st in one]
+        totals = np.array([c.length if st is None else st.length for _, c, st in one], dtype=np.int64)
+        geometry = {(c.kv_heads, c.page_size, c.head_dim) for _, c, _ in one}
+        if len(geometry) != 1:
+            raise self.error(f"the batch's caches differ in geometry {sorted(geometry)}")
+        d = c0.head_dim
+        hq = query.shape[1]
+        nt = self.threads_for(int(totals.sum()) * hq * d * 2)
+        scale = 1.0 / math.sqrt(d) if self.scale is None else self.scale
+        q = query[0] if query.flags.c_contiguous else np.ascontiguousarray(query[0])
+        _paged.attention_many(q, rows, addrs, fmts, totals, c0.kv_heads, c0.page_size, d, scale, out[0],
+                              c0.workspace(max(1, nt or 1), hq), max(1, nt or 1))

@@ -101,3 +101,33 @@ def test_a_bad_batch_or_a_failed_run_changes_no_page_of_any_sequence(ragged, fau
     # and the batch still runs afterwards
     sess.run(["logits"], _feeds(names, seqs, [[7], [8], [9]], [3, 2, 17]))
     assert [seqs[k][names[0]].length for k in range(3)] == [4, 3, 18]
+
+
+def _recount(c: PagedKVCache) -> tuple[int, int]:
+    held = [i for i, f in enumerate(c.page_formats()) if f is not None]
+    return (sum(c.page_payload(i).nbytes for i in held),
+            sum(c.page_payload(i).nbytes for i in held if c.is_shared(i)))
+
+
+def test_the_held_and_shared_byte_counts_follow_every_page_change():
+    rng = np.random.default_rng(4)
+    a = PagedKVCache(2, 32, 4, 16, "float32,int8,int4")
+    b = PagedKVCache(2, 32, 4, 16, "float32,int8,int4")
+    kv = lambda n: (rng.standard_normal((1, 2, n, 32), dtype=np.float32),  # noqa: E731
+                    rng.standard_normal((1, 2, n, 32), dtype=np.float32))
+    a.update(*kv(9), 0)  # three pages, aging into int8 / int4
+    assert (a.nbytes, a.shared_bytes) == _recount(a)
+    for i in range(2):  # b adopts a's two full pages
+        fmt, payload = a.share_page(i)
+        b.adopt_page(i, fmt, payload)
+    b.set_page(2, *a.share_page(2)[:1], np.array(a.page_payload(2)))  # a copy of the partial one
+    b.set_length(9)
+    for c in (a, b):
+        assert (c.nbytes, c.shared_bytes) == _recount(c)
+    assert b.shared_bytes == a.page_payload(0).nbytes + a.page_payload(1).nbytes
+    for _ in range(6):  # appending ages the shared pages: each holder converts a copy of its own
+        for c in (a, b):
+            c.update(*kv(2), c.length)
+            assert (c.nbytes, c.shared_bytes) == _recount(c)
+    b.convert(0, "float16")
+    assert (b.nbytes, b.shared_bytes) == _recount(b)
