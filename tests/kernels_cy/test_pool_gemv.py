@@ -176,10 +176,17 @@ def test_no_worker_spins_after_a_run_even_a_failed_one():
     assert time.process_time() - c0 < 0.1  # an idle process: no thread is burning a core
 
 
+@pytest.fixture(params=["simd", "baseline"])
+def simd_path(request):
+    _gemv._force_baseline_simd(request.param == "baseline")
+    yield request.param
+    _gemv._force_baseline_simd(0)
+
+
 @pytest.mark.parametrize("m", [2, 3, 4, 5, 8, 13, 32])
-@pytest.mark.parametrize("k,n", [(1, 1), (7, 15), (64, 16), (33, 17), (512, 300), (256, 4096 + 5)])
+@pytest.mark.parametrize("k,n", [(1, 1), (7, 15), (64, 16), (33, 17), (512, 300), (300, 4096 + 5)])
 @pytest.mark.parametrize("threads", [1, 2])
-def test_few_row_products_match_float64(m, k, n, threads):
+def test_few_row_products_match_float64(m, k, n, threads, simd_path):
     rng = np.random.default_rng(m * 131 + k * 7 + n)
     x = rng.standard_normal((m, k), dtype=np.float32)
     w = rng.standard_normal((k, n), dtype=np.float32)
