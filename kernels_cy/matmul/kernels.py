@@ -60,7 +60,12 @@ class Gemm(Kernel):
         y = np.matmul(a, b)
         if self.alpha != 1.0:
             y *= y.dtype.type(self.alpha)
-        if c is not None:
+        if c is not None and self.beta == 0.0:  # C is not read (as BLAS and onnxruntime do): no 0 * inf
+            try:
+                np.broadcast_shapes(c.shape, y.shape)
+            except ValueError:
+                raise self.error(f"C of shape {list(c.shape)} does not broadcast to {list(y.shape)}") from None
+        elif c is not None:
             y += (c * c.dtype.type(self.beta)) if self.beta != 1.0 else c
         return y.astype(dtype, copy=False)
 

@@ -2,7 +2,7 @@
 data movement, reductions, quantization, control flow, the ``onnx.reference`` fallback).
 
 Importing this package registers every kernel of every family: the families
-(``attention``, ``cache``, ``conv``, ``matmul``, ``norm``, ``paged``, ``pool``, ``resize``) are imported here."""
+(``attention``, ``cache``, ``conv``, ``matmul``, ``norm``, ``paged``, ``pool``, ``resize``, ``rnn``) are imported here."""
 from __future__ import annotations
 
 from onnxforge.kernels_cy.ops.base import REGISTRY, Kernel, NodeSpec, claimed_ops, register
@@ -18,5 +18,6 @@ import onnxforge.kernels_cy.paged.ragged  # noqa: F401,E402
 import onnxforge.kernels_cy.pool.kernels  # noqa: F401,E402
 import onnxforge.kernels_cy.resize.grid  # noqa: F401,E402
 import onnxforge.kernels_cy.resize.kernels  # noqa: F401,E402
+import onnxforge.kernels_cy.rnn.kernels  # noqa: F401,E402
 
 __all__ = ["REGISTRY", "Kernel", "NodeSpec", "claimed_ops", "register"]
