@@ -1,1 +1,1 @@
-"""Recurrent layers: LSTM."""
+"""Recurrent layers: RNN, GRU and LSTM."""

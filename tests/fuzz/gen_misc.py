@@ -16,7 +16,7 @@ _TESTS = {
         "BitCast", "BlackmanWindow", "Compress", "CumProd", "CumSum", "DepthToSpace", "EyeLike",
         "HammingWindow", "HannWindow", "NonZero", "OneHot", "ReverseSequence", "ScatterElements", "SpaceToDepth"),
     "tests/test_backend_interface.py (onnx's scatter conformance cases)": ("Scatter",),
-    "tests/kernels_cy/test_lstm.py": ("LSTM",),
+    "tests/kernels_cy/test_recurrent.py": ("GRU", "LSTM", "RNN"),
 }
 
 
