@@ -26,7 +26,8 @@ from typing import Any
 import numpy as np
 
 import onnxforge.kernels_cy.paged._paged as _paged
-from onnxforge.kernels_cy.ops.base import Kernel, NodeSpec, register
+from onnxforge.kernels_cy.ops.base import Kernel, register
+from onnxforge.kernels_cy.paged.kernels import PagedAttention
 from onnxforge.kernels_cy.paged.pages import PagedKVCache
 
 __all__ = ["PageBatch", "RaggedPagedAttention", "RaggedPagedCacheUpdate"]
@@ -144,21 +145,12 @@ class RaggedPagedCacheUpdate(Kernel):
 
 
 @register("ai.onnxforge", "RaggedPagedAttention")
-class RaggedPagedAttention(Kernel):
+class RaggedPagedAttention(PagedAttention):
     """(query [1, Hq, T, D], batch, sequence_starts [N + 1]) -> [1, Hq, T, D]: each sequence's
-    rows attend causally over its own pages (the rows staged in this run included)."""
+    rows attend causally over its own pages (the rows staged in this run included); the
+    attributes are PagedAttention's."""
 
     uses_context = True
-
-    def __init__(self, spec: NodeSpec):
-        super().__init__(spec)
-        scale = spec.attrs.get("scale")
-        self.scale = None if scale is None else float(scale)
-        self.num_heads = spec.int("num_heads", 0)
-        self.kv_heads = spec.int("kv_num_heads", 0)
-        if self.num_heads < 0 or self.kv_heads < 0 or (self.kv_heads and self.num_heads % self.kv_heads):
-            raise spec.fail(f"num_heads={self.num_heads} must be a multiple of kv_num_heads={self.kv_heads}")
-        self.threads_for = spec.threads_for
 
     def run(self, ctx, query, batch, sequence_starts):
         b = _batch(self, batch)

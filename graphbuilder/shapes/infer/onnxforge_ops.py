@@ -116,8 +116,8 @@ def _kv_tensor(op: NodeInference, i: int, what: str) -> TensorType | None:
     return t if isinstance(t, TensorType) else None
 
 
-@register("PagedCacheUpdate", domain=ONNXFORGE)
-def _paged_cache_update(op: NodeInference) -> None:
+def _cache_and_kv(op: NodeInference) -> TensorType | None:
+    """The cache (input 0) and the key and value (inputs 1, 2) of a cache update; the key's type."""
     _paged_cache(op, 0)
     key, value = _kv_tensor(op, 1, "key"), _kv_tensor(op, 2, "value")
     if key is not None and value is not None:
@@ -126,6 +126,12 @@ def _paged_cache_update(op: NodeInference) -> None:
         if key.shape is not None and value.shape is not None:
             for k, (a, b) in enumerate(zip(key.shape, value.shape)):
                 op.check_dims(a, b, f"dimension {k} of key and value")
+    return key
+
+
+@register("PagedCacheUpdate", domain=ONNXFORGE)
+def _paged_cache_update(op: NodeInference) -> None:
+    key = _cache_and_kv(op)
     _int64_scalar(op, 3, "position")
     op.alias(0, 0)
     op.set_type(0, op.type(0))
@@ -162,14 +168,7 @@ def _int64_rank(op: NodeInference, i: int, rank: int, what: str) -> TensorType |
 
 @register("RaggedPagedCacheUpdate", domain=ONNXFORGE)
 def _ragged_cache_update(op: NodeInference) -> None:
-    _paged_cache(op, 0)
-    key, value = _kv_tensor(op, 1, "key"), _kv_tensor(op, 2, "value")
-    if key is not None and value is not None:
-        if key.elem_type and value.elem_type and key.elem_type != value.elem_type:
-            op.fail(f"value is {type_name(value.elem_type)} but key is {type_name(key.elem_type)}")
-        if key.shape is not None and value.shape is not None:
-            for k, (a, b) in enumerate(zip(key.shape, value.shape)):
-                op.check_dims(a, b, f"dimension {k} of key and value")
+    key = _cache_and_kv(op)
     _int64_rank(op, 3, 1, "sequence_starts")
     pos = _int64_rank(op, 4, 2, "position_ids")
     if pos is not None and pos.shape is not None:
