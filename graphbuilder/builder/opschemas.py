@@ -88,6 +88,18 @@ PAGED_CACHE_TYPE = "opaque(ai.onnxforge,PagedKVCache)"
 _KV_FLOATS = ["tensor(float)", "tensor(float16)", "tensor(bfloat16)"]
 
 
+def _attention_attributes() -> list:
+    """The attributes of PagedAttention and RaggedPagedAttention."""
+    attr = defs.OpSchema.Attribute
+    return [
+        attr("scale", defs.OpSchema.AttrType.FLOAT, "scale of the dot products (default 1/sqrt(head_dim))",
+             required=False),
+        attr("num_heads", defs.OpSchema.AttrType.INT, "query heads (query dimension 1)", required=True),
+        attr("kv_num_heads", defs.OpSchema.AttrType.INT, "kv heads of the cache; num_heads is a multiple of it",
+             required=True),
+    ]
+
+
 def _register_paged() -> None:
     try:
         defs.get_schema("PagedCacheUpdate", ONNXFORGE_VERSION, ONNXFORGE_DOMAIN)
@@ -137,13 +149,7 @@ def _register_paged() -> None:
             ("T", _KV_FLOATS, "query and output element types"),
             ("C", [PAGED_CACHE_TYPE], "the paged cache: a struct value (see the note in opschemas.py)"),
         ],
-        attributes=[
-            attr("scale", defs.OpSchema.AttrType.FLOAT, "scale of the dot products (default "
-                                                         "1/sqrt(head_dim))", required=False),
-            attr("num_heads", defs.OpSchema.AttrType.INT, "query heads (query dimension 1)", required=True),
-            attr("kv_num_heads", defs.OpSchema.AttrType.INT, "kv heads of the cache; num_heads is a "
-                                                             "multiple of it", required=True),
-        ],
+        attributes=_attention_attributes(),
     ))
 
 
@@ -199,13 +205,7 @@ def _register_ragged() -> None:
             ("T", _KV_FLOATS, "query and output element types"),
             ("C", [PAGED_CACHE_TYPE], "the paged cache batch: a struct value (see the note above)"),
         ],
-        attributes=[
-            attr("scale", defs.OpSchema.AttrType.FLOAT, "scale of the dot products (default "
-                                                         "1/sqrt(head_dim))", required=False),
-            attr("num_heads", defs.OpSchema.AttrType.INT, "query heads (query dimension 1)", required=True),
-            attr("kv_num_heads", defs.OpSchema.AttrType.INT, "kv heads of the cache; num_heads is a "
-                                                             "multiple of it", required=True),
-        ],
+        attributes=_attention_attributes(),
     ))
 
 

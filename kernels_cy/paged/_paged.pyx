@@ -333,27 +333,37 @@ cdef inline Py_ssize_t _block_keys(Py_ssize_t P) noexcept nogil:
     return P * (64 // P) if P < 64 else P
 
 
+cdef inline void _start(Py_ssize_t R, Py_ssize_t D, float* acc, float* mx, float* den) noexcept nogil:
+    """Empty online-softmax state for R query rows."""
+    cdef Py_ssize_t r
+    for r in range(R):
+        mx[r] = -INFINITY
+        den[r] = 0.0
+    memset(acc, 0, R * D * 4)
+
+
+cdef void _pages_range(const int64_t* addr, const int32_t* fmts, Py_ssize_t p0, Py_ssize_t p1, Py_ssize_t hi,
+                       const float* q0, Py_ssize_t qhs, Py_ssize_t G, Py_ssize_t h, Py_ssize_t H, Py_ssize_t P,
+                       Py_ssize_t D, float scale, float* ws, float* acc, float* mx, float* den) noexcept nogil:
+    """G query rows over the keys of KV head h in pages [p0, p1) (cut at ``hi``), block after block."""
+    cdef Py_ssize_t KB = _block_keys(P), ppb = KB // P, pb = p0, pe
+    while pb < p1:
+        pe = pb + ppb if pb + ppb < p1 else p1
+        _pages_block(addr, fmts, pb, pe, hi, q0, qhs, G, h, H, P, D, scale, ws, ws + KB * D, ws + 2 * KB * D,
+                     KB, acc, mx, den)
+        pb = pe
+
+
 cdef void _attend(const float* q0, Py_ssize_t qhs, Py_ssize_t G, const int64_t* addr,
                   const int32_t* fmts, Py_ssize_t h, Py_ssize_t hi, Py_ssize_t H, Py_ssize_t P,
                   Py_ssize_t D, float scale, float* ws, float* o0, Py_ssize_t ohs) noexcept nogil:
     """G query heads (stride qhs) over keys [0, hi) of KV head h, block after block."""
-    cdef Py_ssize_t KB = _block_keys(P), ppb = KB // P
-    cdef float* kbuf = ws
-    cdef float* vbuf = ws + KB * D
-    cdef float* sc = ws + 2 * KB * D
-    cdef float* acc = sc + MAXG_ * KB
+    cdef Py_ssize_t KB = _block_keys(P)
+    cdef float* acc = ws + 2 * KB * D + MAXG_ * KB
     cdef float* mx = acc + MAXG_ * D
     cdef float* den = mx + MAXG_
-    cdef Py_ssize_t g, pb, pe, npg = (hi + P - 1) // P
-    for g in range(G):
-        mx[g] = -INFINITY
-        den[g] = 0.0
-    memset(acc, 0, G * D * 4)
-    pb = 0
-    while pb < npg:
-        pe = pb + ppb if pb + ppb < npg else npg
-        _pages_block(addr, fmts, pb, pe, hi, q0, qhs, G, h, H, P, D, scale, kbuf, vbuf, sc, KB, acc, mx, den)
-        pb = pe
+    _start(G, D, acc, mx, den)
+    _pages_range(addr, fmts, 0, (hi + P - 1) // P, hi, q0, qhs, G, h, H, P, D, scale, ws, acc, mx, den)
     _finish(G, D, hi, acc, den, o0, ohs)
 
 
@@ -365,39 +375,23 @@ cdef void _attend_queries(const float* q, Py_ssize_t S, Py_ssize_t s0, Py_ssize_
     over their causal keys: the query rows gathered into one block, the pages every one of
     them sees whole read once for the block, the last keys per query. The same online
     softmax as :func:`_attend`, with one page decoded for nq queries instead of one."""
-    cdef Py_ssize_t KB = _block_keys(P), ppb = KB // P
-    cdef float* kbuf = ws
-    cdef float* vbuf = ws + KB * D
-    cdef float* sc = ws + 2 * KB * D
-    cdef float* acc = sc + MAXG_ * KB
+    cdef Py_ssize_t KB = _block_keys(P)
+    cdef float* acc = ws + 2 * KB * D + MAXG_ * KB
     cdef float* mx = acc + MAXG_ * D
     cdef float* den = mx + MAXG_
     cdef float* qbuf = ws + wsfloats - MAXG_ * D  # the workspace's last MAXG rows
-    cdef Py_ssize_t R = nq * nh, i, g, pb, pe, hi, npg
+    cdef Py_ssize_t i, g, hi
     cdef Py_ssize_t hi0 = total - S + s0 + 1  # the first query's keys: the fewest of the block
     cdef Py_ssize_t common = hi0 // P  # pages every query of the block sees whole
     for i in range(nq):
         for g in range(nh):
             memcpy(qbuf + (i * nh + g) * D, q + ((h0 + g) * S + s0 + i) * D, D * 4)
-    for i in range(R):
-        mx[i] = -INFINITY
-        den[i] = 0.0
-    memset(acc, 0, R * D * 4)
-    pb = 0
-    while pb < common:
-        pe = pb + ppb if pb + ppb < common else common
-        _pages_block(addr, fmts, pb, pe, common * P, qbuf, D, R, h, H, P, D, scale, kbuf, vbuf, sc, KB,
-                     acc, mx, den)
-        pb = pe
+    _start(nq * nh, D, acc, mx, den)
+    _pages_range(addr, fmts, 0, common, common * P, qbuf, D, nq * nh, h, H, P, D, scale, ws, acc, mx, den)
     for i in range(nq):
         hi = hi0 + i
-        npg = (hi + P - 1) // P
-        pb = common
-        while pb < npg:
-            pe = pb + ppb if pb + ppb < npg else npg
-            _pages_block(addr, fmts, pb, pe, hi, qbuf + i * nh * D, D, nh, h, H, P, D, scale, kbuf, vbuf, sc,
-                         KB, acc + i * nh * D, mx + i * nh, den + i * nh)
-            pb = pe
+        _pages_range(addr, fmts, common, (hi + P - 1) // P, hi, qbuf + i * nh * D, D, nh, h, H, P, D, scale, ws,
+                     acc + i * nh * D, mx + i * nh, den + i * nh)
         _finish(nh, D, hi, acc + i * nh * D, den + i * nh, out + (h0 * S + s0 + i) * D, S * D)
 
 
@@ -478,11 +472,8 @@ cdef void _attend_pages(const float* q, Py_ssize_t G, const int64_t* addr, const
     cdef float* acc = sc + MAXG_ * KB
     cdef float* mx = acc + R * D
     cdef float* den = mx + R
-    cdef Py_ssize_t r, pb, pg, pe, h, npg = (hi + P - 1) // P
-    for r in range(R):
-        mx[r] = -INFINITY
-        den[r] = 0.0
-    memset(acc, 0, R * D * 4)
+    cdef Py_ssize_t r, pb, pe, h, npg = (hi + P - 1) // P
+    _start(R, D, acc, mx, den)
     pb = 0
     while pb < npg:
         pe = pb + ppb if pb + ppb < npg else npg

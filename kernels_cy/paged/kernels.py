@@ -25,13 +25,24 @@ import numpy as np
 from onnxforge.kernels_cy.ops.base import Kernel, NodeSpec, register
 from onnxforge.kernels_cy.paged.pages import PagedKVCache
 
-__all__ = ["PagedAttention", "PagedCacheUpdate"]
+__all__ = ["PagedAttention", "PagedCacheUpdate", "stage_into"]
 
 
 def _cache(kernel: Kernel, x: object) -> PagedKVCache:
     if not isinstance(x, PagedKVCache):
         raise kernel.error(f"the cache input must be a PagedKVCache, got {type(x).__name__}")
     return x
+
+
+def stage_into(ctx, cache: PagedKVCache, key, value, position) -> None:
+    """Stage ``cache``'s new rows in the run: committed with it, discarded if it fails; the
+    payloads the stage allocates or copies count for the run."""
+    stage = cache.stage(key, value, position)
+    ctx.staged[id(cache)] = stage
+    if stage.allocated_bytes:
+        ctx.mem.hold(stage.allocated_bytes)
+    if stage.copied_bytes:
+        ctx.mem.copied_only(stage.copied_bytes)
 
 
 @register("ai.onnxforge", "PagedCacheUpdate")
@@ -45,12 +56,7 @@ class PagedCacheUpdate(Kernel):
         c = _cache(self, cache)
         if id(c) in ctx.staged:
             raise self.error("the cache is written twice in one run; one PagedCacheUpdate per cache and step")
-        stage = c.stage(key, value, position)
-        ctx.staged[id(c)] = stage  # committed with the run, discarded if it fails
-        if stage.allocated_bytes:
-            ctx.mem.hold(stage.allocated_bytes)
-        if stage.copied_bytes:
-            ctx.mem.copied_only(stage.copied_bytes)
+        stage_into(ctx, c, key, value, position)
         return c
 
 

@@ -27,7 +27,7 @@ import numpy as np
 
 import onnxforge.kernels_cy.paged._paged as _paged
 from onnxforge.kernels_cy.ops.base import Kernel, register
-from onnxforge.kernels_cy.paged.kernels import PagedAttention
+from onnxforge.kernels_cy.paged.kernels import PagedAttention, stage_into
 from onnxforge.kernels_cy.paged.pages import PagedKVCache
 
 __all__ = ["PageBatch", "RaggedPagedAttention", "RaggedPagedCacheUpdate"]
@@ -135,12 +135,7 @@ class RaggedPagedCacheUpdate(Kernel):
             lo, hi = s[k], s[k + 1]
             if hi == lo:
                 continue
-            stage = c.stage(key[:, :, lo:hi], value[:, :, lo:hi], pos[lo])
-            ctx.staged[id(c)] = stage  # committed with the run, discarded if it fails
-            if stage.allocated_bytes:
-                ctx.mem.hold(stage.allocated_bytes)
-            if stage.copied_bytes:
-                ctx.mem.copied_only(stage.copied_bytes)
+            stage_into(ctx, c, key[:, :, lo:hi], value[:, :, lo:hi], pos[lo])
         return b
 
 
